@@ -1,0 +1,244 @@
+//! The seam between the engine and whatever runs the model: a varlen forward over
+//! rows that each bring their own KV handle.
+
+use std::path::Path;
+
+use candle_core::DType;
+
+use super::attention::{PagedKvStore, TokenLayout, MAX_BLOCK_SIZE};
+use super::config::ModelConfig;
+use super::error::{ModelError, Result};
+use super::kv::{BlockPool, KvCapacity, KvSeq};
+use super::transformer::Transformer;
+use super::weights::Checkpoint;
+
+/// One row of a varlen batch: a request's KV handle and the tokens to feed at
+/// positions `start..start + tokens.len()`. A prefill starts at 0, a decode feeds one
+/// token at `kv.len()`, an extend feeds several (a request returning from a peer).
+/// `start < kv.len()` rewinds: K/V from `start` on are recomputed.
+pub struct RowInput<'a> {
+    pub kv: &'a mut KvSeq,
+    pub tokens: &'a [u32],
+    pub start: usize,
+}
+
+/// Per row, the logits at its last fed position and, when asked, the final hidden state.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub logits: Vec<f32>,
+    pub hidden: Option<Vec<f32>>,
+}
+
+impl ForwardOutput {
+    pub fn rows(&self) -> usize {
+        self.logits.len() / self.vocab_size
+    }
+
+    pub fn row_logits(&self, row: usize) -> &[f32] {
+        &self.logits[row * self.vocab_size..(row + 1) * self.vocab_size]
+    }
+
+    pub fn row_hidden(&self, row: usize) -> Option<&[f32]> {
+        self.hidden.as_ref().map(|h| &h[row * self.hidden_size..(row + 1) * self.hidden_size])
+    }
+}
+
+/// A model runtime. The scheduler, policies and actors see only this.
+pub trait Backend: Send {
+    fn config(&self) -> &ModelConfig;
+
+    /// The pool the backend's KV handles draw from: new sequences and capacity.
+    fn kv_pool(&self) -> &BlockPool;
+
+    fn new_sequence(&self) -> KvSeq {
+        self.kv_pool().new_sequence()
+    }
+
+    fn kv_capacity(&self) -> KvCapacity {
+        self.kv_pool().capacity()
+    }
+
+    /// One forward over all rows. Fails without side effects when the rows are
+    /// malformed or their KV does not fit.
+    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput>;
+}
+
+/// Weight precision at run time; checkpoints in bf16/f16/f32 convert on load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightDtype {
+    F32,
+    F16,
+}
+
+impl WeightDtype {
+    pub fn candle(self) -> DType {
+        match self {
+            WeightDtype::F32 => DType::F32,
+            WeightDtype::F16 => DType::F16,
+        }
+    }
+}
+
+impl std::str::FromStr for WeightDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" | "float32" => Ok(WeightDtype::F32),
+            "f16" | "float16" => Ok(WeightDtype::F16),
+            other => Err(format!("dtype {other:?} is not supported: use f32 or f16 (bf16 checkpoints load as either)")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub dtype: WeightDtype,
+    /// Bytes of KV storage for this model (K and V, all layers, f32 values).
+    pub kv_budget_bytes: usize,
+    /// Token slots per KV block.
+    pub block_size: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { dtype: WeightDtype::F32, kv_budget_bytes: 256 << 20, block_size: 16 }
+    }
+}
+
+/// The pure-Rust backend: candle matmuls, our paged attention.
+pub struct CandleBackend {
+    model: Transformer,
+    store: PagedKvStore,
+    pool: BlockPool,
+}
+
+impl CandleBackend {
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let config = ModelConfig::from_file(&dir.join("config.json")).or_else(|e| match e {
+            ModelError::MissingFile(_) if !dir.is_dir() => Err(ModelError::MissingFolder(dir.to_path_buf())),
+            other => Err(other),
+        })?;
+        let ckpt = Checkpoint::open(dir, options.dtype.candle())?;
+        let model = Transformer::load(config, &ckpt, options.dtype.candle())?;
+        Self::with_model(model, options)
+    }
+
+    fn with_model(model: Transformer, options: &LoadOptions) -> Result<Self> {
+        if options.block_size == 0 || options.block_size > MAX_BLOCK_SIZE {
+            return Err(ModelError::BadBatch(format!(
+                "block size {} must be in 1..={MAX_BLOCK_SIZE}",
+                options.block_size
+            )));
+        }
+        let block_bytes = options.block_size * model.config().kv_bytes_per_token(4);
+        let blocks = options.kv_budget_bytes / block_bytes;
+        let store = PagedKvStore::new(model.config(), blocks, options.block_size);
+        let pool = BlockPool::new(blocks, options.block_size);
+        Ok(CandleBackend { model, store, pool })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.model.dtype()
+    }
+
+    fn check_rows(&self, rows: &[RowInput<'_>]) -> Result<()> {
+        let c = self.model.config();
+        if rows.is_empty() {
+            return Err(ModelError::BadBatch("no rows".into()));
+        }
+        for (i, row) in rows.iter().enumerate() {
+            if !row.kv.pool().same_pool(&self.pool) {
+                return Err(ModelError::BadBatch(format!("row {i}: KV handle belongs to another model")));
+            }
+            if row.tokens.is_empty() {
+                return Err(ModelError::BadBatch(format!("row {i}: no tokens")));
+            }
+            if row.start > row.kv.len() {
+                return Err(ModelError::BadBatch(format!(
+                    "row {i}: starts at {} but only {} positions are computed",
+                    row.start,
+                    row.kv.len()
+                )));
+            }
+            if let Some(&token) = row.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ModelError::TokenOutOfVocab { token, vocab: c.vocab_size });
+            }
+            let end = row.start + row.tokens.len();
+            if end > c.max_position_embeddings {
+                return Err(ModelError::ContextOverflow { position: end, max: c.max_position_embeddings });
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes every block the batch needs, or none.
+    fn reserve_all(&self, rows: &mut [RowInput<'_>]) -> Result<()> {
+        let needed: usize = rows.iter().map(|r| r.kv.blocks_missing_for(r.start + r.tokens.len())).sum();
+        let free = self.pool.capacity().free_blocks;
+        if needed > free {
+            return Err(ModelError::OutOfBlocks { needed, free, block_size: self.pool.block_size() });
+        }
+        for row in rows.iter_mut() {
+            row.kv.truncate(row.start);
+            row.kv.reserve(row.start + row.tokens.len())?;
+        }
+        Ok(())
+    }
+
+    fn layout(&self, rows: &[RowInput<'_>]) -> (Vec<u32>, TokenLayout, Vec<u32>) {
+        let total: usize = rows.iter().map(|r| r.tokens.len()).sum();
+        let mut tokens = Vec::with_capacity(total);
+        let mut row_of = Vec::with_capacity(total);
+        let mut position = Vec::with_capacity(total);
+        let mut slot = Vec::with_capacity(total);
+        let mut last = Vec::with_capacity(rows.len());
+        for (r, row) in rows.iter().enumerate() {
+            for (i, &t) in row.tokens.iter().enumerate() {
+                tokens.push(t);
+                row_of.push(r);
+                position.push(row.start + i);
+                slot.push(row.kv.slot(row.start + i));
+            }
+            last.push(tokens.len() as u32 - 1);
+        }
+        let row_blocks = rows.iter().map(|r| r.kv.blocks().to_vec()).collect();
+        (tokens, TokenLayout::new(self.model.rope(), row_of, position, slot, row_blocks), last)
+    }
+}
+
+impl Backend for CandleBackend {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn kv_pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
+        self.check_rows(rows)?;
+        self.reserve_all(rows)?;
+        let (tokens, layout, last) = self.layout(rows);
+        let out = match self.model.forward(&mut self.store, &tokens, &layout, &last, want_hidden) {
+            Ok(out) => out,
+            Err(e) => {
+                // K/V of the fed positions may be half written: forget them.
+                rows.iter_mut().for_each(|r| r.kv.truncate(r.start));
+                return Err(e);
+            }
+        };
+        for row in rows.iter_mut() {
+            row.kv.set_computed(row.start + row.tokens.len());
+        }
+        let c = self.model.config();
+        Ok(ForwardOutput {
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            logits: out.logits.flatten_all()?.to_vec1()?,
+            hidden: out.hidden.map(|h| h.flatten_all().and_then(|h| h.to_vec1())).transpose()?,
+        })
+    }
+}

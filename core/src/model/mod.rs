@@ -1,0 +1,20 @@
+//! The model runtime: HF checkpoints, a transformer forward over varlen batches, paged
+//! KV, sampling, and random-weight models for tests and demos.
+
+pub mod attention;
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod init;
+pub mod kv;
+pub mod linear;
+pub mod presets;
+pub mod rope;
+pub mod threads;
+pub mod transformer;
+pub mod weights;
+
+pub use backend::{Backend, CandleBackend, ForwardOutput, LoadOptions, RowInput, WeightDtype};
+pub use config::{Arch, ModelConfig};
+pub use error::{ModelError, Result};
+pub use kv::{BlockPool, KvCapacity, KvSeq};

@@ -1,0 +1,120 @@
+//! The runtime against Hugging Face transformers: logits of tiny random checkpoints
+//! (made by scripts/make_golden_fixtures.py, committed under tests/fixtures/golden).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use tokenrouter_core::model::{Backend, CandleBackend, LoadOptions, RowInput};
+
+#[derive(Deserialize)]
+struct Golden {
+    tolerance: f32,
+    sequences: Vec<Case>,
+    incremental: Incremental,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    input_ids: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct Incremental {
+    prefill_len: usize,
+    step_logits: Vec<Vec<f32>>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/golden").join(name)
+}
+
+fn load(name: &str) -> (CandleBackend, Golden) {
+    let dir = fixture(name);
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let backend = CandleBackend::load(&dir, &LoadOptions { block_size: 4, ..LoadOptions::default() }).unwrap();
+    (backend, golden)
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Feeds each case one token at a time: every position's logits come from the KV path.
+fn check_every_position(name: &str) {
+    let (mut backend, golden) = load(name);
+    for case in &golden.sequences {
+        let mut kv = backend.new_sequence();
+        for (pos, token) in case.input_ids.iter().enumerate() {
+            let tokens = [*token];
+            let out = backend.forward(&mut [RowInput { kv: &mut kv, tokens: &tokens, start: pos }], false).unwrap();
+            let diff = max_diff(out.row_logits(0), &case.logits[pos]);
+            assert!(diff < golden.tolerance, "{name}: position {pos}: max |Δlogit| {diff}");
+        }
+    }
+}
+
+/// All cases as prefills in one varlen batch: each row's last logits.
+fn check_prefills_in_one_batch(name: &str) {
+    let (mut backend, golden) = load(name);
+    let mut kvs: Vec<_> = golden.sequences.iter().map(|_| backend.new_sequence()).collect();
+    let mut rows: Vec<RowInput> = kvs
+        .iter_mut()
+        .zip(&golden.sequences)
+        .map(|(kv, case)| RowInput { kv, tokens: &case.input_ids, start: 0 })
+        .collect();
+    let out = backend.forward(&mut rows, false).unwrap();
+    for (r, case) in golden.sequences.iter().enumerate() {
+        let diff = max_diff(out.row_logits(r), case.logits.last().unwrap());
+        assert!(diff < golden.tolerance, "{name}: row {r}: max |Δlogit| {diff}");
+    }
+}
+
+/// HF's own KV-cache run: a prefill of `prefill_len`, then one token per step.
+fn check_incremental(name: &str) {
+    let (mut backend, golden) = load(name);
+    let ids = &golden.sequences[0].input_ids;
+    let inc = &golden.incremental;
+    let mut kv = backend.new_sequence();
+    let out = backend
+        .forward(&mut [RowInput { kv: &mut kv, tokens: &ids[..inc.prefill_len], start: 0 }], false)
+        .unwrap();
+    assert!(max_diff(out.row_logits(0), &inc.step_logits[0]) < golden.tolerance);
+    for (step, want) in inc.step_logits.iter().enumerate().skip(1) {
+        let pos = inc.prefill_len + step - 1;
+        let out = backend.forward(&mut [RowInput { kv: &mut kv, tokens: &ids[pos..pos + 1], start: pos }], false).unwrap();
+        let diff = max_diff(out.row_logits(0), want);
+        assert!(diff < golden.tolerance, "{name}: step {step}: max |Δlogit| {diff}");
+    }
+}
+
+#[test]
+fn qwen3_matches_transformers_at_every_position() {
+    check_every_position("qwen3");
+}
+
+#[test]
+fn llama_bf16_with_llama3_rope_matches_transformers_at_every_position() {
+    check_every_position("llama");
+}
+
+#[test]
+fn qwen2_sharded_with_bias_matches_transformers_at_every_position() {
+    check_every_position("qwen2");
+}
+
+#[test]
+fn prefills_in_one_varlen_batch_match_transformers() {
+    for name in ["qwen3", "llama", "qwen2"] {
+        check_prefills_in_one_batch(name);
+    }
+}
+
+#[test]
+fn kv_cache_steps_match_transformers_cache() {
+    for name in ["qwen3", "llama", "qwen2"] {
+        check_incremental(name);
+    }
+}

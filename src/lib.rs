@@ -1,0 +1,1 @@
+pub use tokenrouter_core as core;
