@@ -1,1 +1,7 @@
+//! tokenrouter: a serving engine for token-level LLM routing. This crate holds the
+//! edges (CLI, config, HTTP); the runtime is in `tokenrouter-actors`, pure logic in
+//! `tokenrouter-core`.
+
+pub mod cli;
+
 pub use tokenrouter_core as core;

@@ -1,0 +1,64 @@
+//! The machine's own limits, measured the way the runtime uses it: memory bandwidth
+//! (a STREAM-style triad on all compute threads) and the f32 GEMM rate through candle.
+//! Profiles report model speed as a fraction of these.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MachineLimits {
+    /// Triad bandwidth, GB/s (10^9 bytes), counting two reads and one write per element.
+    pub bandwidth_gbps: f64,
+    /// f32 GEMM rate at 2048³, GFLOP/s.
+    pub gemm_gflops: f64,
+    pub threads: usize,
+}
+
+pub fn measure() -> MachineLimits {
+    MachineLimits {
+        bandwidth_gbps: measure_bandwidth(),
+        gemm_gflops: measure_gemm().unwrap_or(f64::NAN),
+        threads: rayon::current_num_threads(),
+    }
+}
+
+/// Best of several triads over arrays far larger than any cache.
+pub fn measure_bandwidth() -> f64 {
+    const N: usize = 32 << 20; // 128 MiB per array
+    let b = vec![1.0f32; N];
+    let c = vec![2.0f32; N];
+    let mut a = vec![0.0f32; N];
+    let chunk = N / (rayon::current_num_threads() * 4).max(1);
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        a.par_chunks_mut(chunk)
+            .zip(b.par_chunks(chunk))
+            .zip(c.par_chunks(chunk))
+            .for_each(|((a, b), c)| {
+                for i in 0..a.len() {
+                    a[i] = b[i] + 0.5 * c[i];
+                }
+            });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&a);
+    (3 * N * 4) as f64 / best / 1e9
+}
+
+pub fn measure_gemm() -> candle_core::Result<f64> {
+    const N: usize = 2048;
+    let x = Tensor::ones((N, N), candle_core::DType::F32, &Device::Cpu)?;
+    let y = Tensor::ones((N, N), candle_core::DType::F32, &Device::Cpu)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..4 {
+        let t = Instant::now();
+        let z = x.matmul(&y)?;
+        std::hint::black_box(&z);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (N * N * N) as f64 / best / 1e9)
+}

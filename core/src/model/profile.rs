@@ -1,0 +1,171 @@
+//! Step-latency profile of one model: decode at batch sizes × contexts, prefill and
+//! extend throughput, each against the machine's limits. The planner reads the JSON.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::backend::{Backend, RowInput};
+use super::error::Result;
+use super::kv::KvSeq;
+use super::machine::MachineLimits;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileSpec {
+    pub batch_sizes: Vec<usize>,
+    pub contexts: Vec<usize>,
+    pub prefill_lengths: Vec<usize>,
+    /// (batch, tokens per row) for extend steps at context 512.
+    pub extends: Vec<(usize, usize)>,
+    /// Timed steps per point (after one warm-up).
+    pub steps: usize,
+    /// Points whose KV would exceed this many tokens are skipped.
+    pub max_kv_tokens: usize,
+}
+
+impl Default for ProfileSpec {
+    fn default() -> Self {
+        ProfileSpec {
+            batch_sizes: vec![1, 2, 4, 8, 16, 32, 64],
+            contexts: vec![128, 512, 1024, 2048, 4096],
+            prefill_lengths: vec![128, 512, 2048],
+            extends: vec![(8, 4), (8, 16), (32, 4)],
+            steps: 3,
+            max_kv_tokens: 64 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodePoint {
+    pub batch: usize,
+    pub context: usize,
+    /// Median step latency, milliseconds.
+    pub step_ms: f64,
+    pub tokens_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefillPoint {
+    pub batch: usize,
+    pub tokens_per_row: usize,
+    pub context: usize,
+    pub step_ms: f64,
+    pub tokens_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Profile {
+    pub model: String,
+    pub parameters: usize,
+    pub weight_bytes: usize,
+    pub machine: MachineLimits,
+    pub decode: Vec<DecodePoint>,
+    pub prefill: Vec<PrefillPoint>,
+    pub extend: Vec<PrefillPoint>,
+}
+
+impl Profile {
+    /// Batch-1 decode limit: every weight byte read once per step.
+    pub fn bandwidth_bound_tokens_per_sec(&self) -> f64 {
+        self.machine.bandwidth_gbps * 1e9 / self.weight_bytes as f64
+    }
+
+    /// Large-batch decode limit: two FLOPs per parameter per token.
+    pub fn gemm_bound_tokens_per_sec(&self) -> f64 {
+        self.machine.gemm_gflops * 1e9 / (2.0 * self.parameters as f64)
+    }
+
+    pub fn decode_at(&self, batch: usize, context: usize) -> Option<&DecodePoint> {
+        self.decode.iter().find(|p| p.batch == batch && p.context == context)
+    }
+}
+
+pub fn run(
+    backend: &mut dyn Backend,
+    name: &str,
+    weight_bytes: usize,
+    machine: MachineLimits,
+    spec: &ProfileSpec,
+    mut progress: impl FnMut(&str),
+) -> Result<Profile> {
+    let mut decode = Vec::new();
+    for &context in &spec.contexts {
+        for &batch in &spec.batch_sizes {
+            if batch * (context + spec.steps + 1) > spec.max_kv_tokens.min(token_room(backend)) {
+                continue;
+            }
+            progress(&format!("decode batch {batch} context {context}"));
+            let ms = time_steps(backend, batch, context, 1, spec.steps)?;
+            decode.push(DecodePoint { batch, context, step_ms: ms, tokens_per_sec: batch as f64 * 1e3 / ms });
+        }
+    }
+    let mut prefill = Vec::new();
+    for &len in &spec.prefill_lengths {
+        if len > backend.config().max_position_embeddings || len + 1 > token_room(backend) {
+            continue;
+        }
+        progress(&format!("prefill {len}"));
+        let ms = time_steps(backend, 1, 0, len, spec.steps.min(2))?;
+        prefill.push(PrefillPoint { batch: 1, tokens_per_row: len, context: 0, step_ms: ms, tokens_per_sec: len as f64 * 1e3 / ms });
+    }
+    let mut extend = Vec::new();
+    for &(batch, k) in &spec.extends {
+        if batch * (512 + k * (spec.steps + 1)) > token_room(backend) {
+            continue;
+        }
+        progress(&format!("extend batch {batch} × {k} tokens"));
+        let ms = time_steps(backend, batch, 512, k, spec.steps)?;
+        extend.push(PrefillPoint { batch, tokens_per_row: k, context: 512, step_ms: ms, tokens_per_sec: (batch * k) as f64 * 1e3 / ms });
+    }
+    Ok(Profile {
+        model: name.to_string(),
+        parameters: backend.config().num_parameters(),
+        weight_bytes,
+        machine,
+        decode,
+        prefill,
+        extend,
+    })
+}
+
+fn token_room(backend: &dyn Backend) -> usize {
+    let cap = backend.kv_capacity();
+    cap.free_blocks * cap.block_size
+}
+
+/// Median latency of steps feeding `tokens_per_row` tokens to `batch` rows that sit at
+/// `context` positions. The context's K/V is left as whatever the blocks hold: attention
+/// costs the same whatever the values, and prefilling long contexts would dominate.
+fn time_steps(backend: &mut dyn Backend, batch: usize, context: usize, tokens_per_row: usize, steps: usize) -> Result<f64> {
+    let vocab = backend.config().vocab_size as u32;
+    let mut seqs: Vec<KvSeq> = (0..batch).map(|_| backend.new_sequence()).collect();
+    for seq in &mut seqs {
+        seq.reserve(context)?;
+        seq.set_computed(context);
+    }
+    let tokens: Vec<Vec<u32>> =
+        (0..batch).map(|r| (0..tokens_per_row).map(|i| ((r * 7919 + i * 104_729) as u32) % vocab).collect()).collect();
+    let mut times = Vec::with_capacity(steps);
+    for step in 0..=steps {
+        let mut rows: Vec<RowInput> = seqs
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(kv, t)| {
+                let start = kv.len();
+                RowInput { kv, tokens: t, start }
+            })
+            .collect();
+        let t = Instant::now();
+        backend.forward(&mut rows, false)?;
+        if step > 0 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if context == 0 {
+            // Prefill: start again from an empty sequence each time.
+            seqs.iter_mut().for_each(|s| s.clear());
+        }
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}

@@ -1,0 +1,52 @@
+//! The `tokenrouter` command line.
+
+mod generate_cmd;
+mod model_cmd;
+mod profile_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "tokenrouter", version, about = "A serving engine for token-level LLM routing")]
+pub struct Cli {
+    /// Compute threads (default: TOKENROUTER_THREADS, RAYON_NUM_THREADS, or all cores).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the OpenAI-compatible API (not built yet).
+    Serve(ServeArgs),
+    /// Make or inspect model folders.
+    #[command(subcommand)]
+    Model(model_cmd::ModelCommand),
+    /// Generate from one prompt through the runtime and report tokens/s.
+    Generate(generate_cmd::GenerateArgs),
+    /// Measure a model's step latency against batch size and context.
+    Profile(profile_cmd::ProfileArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// YAML configuration file.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let threads = tokenrouter_core::model::threads::configure(cli.threads);
+    tracing::debug!(threads, "compute threads");
+    match cli.command {
+        Command::Serve(_) => {
+            println!("tokenrouter serve: not yet — the HTTP server lands with the server issue.");
+            println!("Meanwhile: `tokenrouter model init --preset tiny --out DIR` and `tokenrouter generate --model DIR`.");
+            Ok(())
+        }
+        Command::Model(cmd) => model_cmd::run(cmd),
+        Command::Generate(args) => generate_cmd::run(args),
+        Command::Profile(args) => profile_cmd::run(args, threads),
+    }
+}

@@ -1,0 +1,119 @@
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use tokenrouter_core::model::init::{copy_tokenizer, write_random_model, InitOptions};
+use tokenrouter_core::model::presets::{self, PRESET_NAMES};
+use tokenrouter_core::model::{Arch, ModelConfig};
+
+#[derive(Subcommand, Debug)]
+pub enum ModelCommand {
+    /// Write a random-weight model in the Hugging Face layout.
+    Init(InitArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    /// A named size: tiny, small, medium. Explicit sizes below override it.
+    #[arg(long)]
+    preset: Option<String>,
+    #[arg(long)]
+    hidden: Option<usize>,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    #[arg(long)]
+    intermediate: Option<usize>,
+    #[arg(long)]
+    vocab: Option<usize>,
+    #[arg(long)]
+    head_dim: Option<usize>,
+    /// qwen3, qwen2 or llama.
+    #[arg(long, default_value = "qwen3")]
+    arch: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Standard deviation of the random weights.
+    #[arg(long, default_value_t = 0.02)]
+    std: f32,
+    /// A tokenizer.json, or a folder holding tokenizer.json and tokenizer_config.json, to copy beside the model.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
+    match cmd {
+        ModelCommand::Init(args) => init(args),
+    }
+}
+
+fn init(args: InitArgs) -> anyhow::Result<()> {
+    let config = config_from(&args)?;
+    write_random_model(&config, &InitOptions { seed: args.seed, std: args.std }, &args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    if let Some(tok) = &args.tokenizer {
+        let copied = copy_tokenizer(tok, &args.out)?;
+        println!("copied {}", copied.join(", "));
+    }
+    println!(
+        "wrote {} ({} {:.1}M parameters, hidden {}, {} layers, vocab {})",
+        args.out.display(),
+        config.arch.hf_class(),
+        config.num_parameters() as f64 / 1e6,
+        config.hidden_size,
+        config.num_layers,
+        config.vocab_size
+    );
+    Ok(())
+}
+
+fn config_from(args: &InitArgs) -> anyhow::Result<ModelConfig> {
+    let base = match &args.preset {
+        Some(name) => presets::preset(name)
+            .with_context(|| format!("unknown preset {name:?}; known: {}", PRESET_NAMES.join(", ")))?,
+        None => {
+            let missing: Vec<&str> = [
+                ("--hidden", args.hidden),
+                ("--layers", args.layers),
+                ("--heads", args.heads),
+                ("--intermediate", args.intermediate),
+                ("--vocab", args.vocab),
+            ]
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+            if !missing.is_empty() {
+                bail!("without --preset, give {}", missing.join(", "));
+            }
+            presets::qwen3_shaped(1, 1, 1, 1, 1, 1)
+        }
+    };
+    let arch = match args.arch.as_str() {
+        "qwen3" => Arch::Qwen3,
+        "qwen2" => Arch::Qwen2,
+        "llama" => Arch::Llama,
+        other => bail!("unknown --arch {other:?}: use qwen3, qwen2 or llama"),
+    };
+    let hidden = args.hidden.unwrap_or(base.hidden_size);
+    let heads = args.heads.unwrap_or(base.num_heads);
+    let mut config = presets::qwen3_shaped(
+        hidden,
+        args.layers.unwrap_or(base.num_layers),
+        heads,
+        args.kv_heads.unwrap_or(if args.heads.is_some() { heads } else { base.num_kv_heads }),
+        args.intermediate.unwrap_or(base.intermediate_size),
+        args.vocab.unwrap_or(base.vocab_size),
+    );
+    if let Some(hd) = args.head_dim {
+        config.head_dim = hd;
+    }
+    let config = presets::with_arch(config, arch);
+    // Validate through the same parser that loads checkpoints.
+    ModelConfig::from_json(&config.to_hf_json().to_string()).map_err(anyhow::Error::msg)
+}

@@ -1,0 +1,108 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tokenrouter_core::model::profile::{self, Profile, ProfileSpec};
+use tokenrouter_core::model::{machine, Backend, CandleBackend, LoadOptions, WeightDtype};
+
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value = "f32")]
+    dtype: WeightDtype,
+    /// Batch sizes to time decode at.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    batch: Vec<usize>,
+    /// Contexts (tokens already in KV) to time decode at.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,1024,2048,4096")]
+    context: Vec<usize>,
+    /// Timed steps per point.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// KV budget for the profile, MiB.
+    #[arg(long, default_value_t = 4096)]
+    kv_mib: usize,
+    /// Where to write the JSON profile.
+    #[arg(long, default_value = "profile.json")]
+    out: PathBuf,
+}
+
+pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
+    let options = LoadOptions { dtype: args.dtype, kv_budget_bytes: args.kv_mib << 20, block_size: 16 };
+    let mut backend = CandleBackend::load(&args.model, &options)?;
+    let bytes_per_weight = if args.dtype == WeightDtype::F16 { 2 } else { 4 };
+    let weight_bytes = backend.config().num_parameters() * bytes_per_weight;
+    eprintln!("measuring the machine (bandwidth, GEMM)...");
+    let limits = machine::measure();
+    let spec = ProfileSpec {
+        batch_sizes: args.batch.clone(),
+        contexts: args.context.clone(),
+        steps: args.steps,
+        max_kv_tokens: usize::MAX,
+        ..ProfileSpec::default()
+    };
+    let name = args.model.display().to_string();
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let result = profile::run(&mut backend, &name, weight_bytes, limits, &spec, |what| bar.set_message(what.to_string()))?;
+    bar.finish_and_clear();
+    print_table(&result, args.dtype);
+    std::fs::write(&args.out, serde_json::to_string_pretty(&result)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn print_table(p: &Profile, dtype: WeightDtype) {
+    println!(
+        "machine: {:.1} GB/s triad, {:.0} GFLOP/s f32 GEMM, {} threads",
+        p.machine.bandwidth_gbps, p.machine.gemm_gflops, p.machine.threads
+    );
+    println!(
+        "model: {:.1}M parameters, {:.0} MB of {dtype:?} weights; limits: {:.1} tok/s at batch 1 (bandwidth), {:.0} tok/s at large batch (GEMM)",
+        p.parameters as f64 / 1e6,
+        p.weight_bytes as f64 / 1e6,
+        p.bandwidth_bound_tokens_per_sec(),
+        p.gemm_bound_tokens_per_sec()
+    );
+    println!("\ndecode: step ms (tokens/s, % of limit)");
+    let mut contexts: Vec<usize> = p.decode.iter().map(|d| d.context).collect();
+    contexts.dedup();
+    let mut batches: Vec<usize> = p.decode.iter().map(|d| d.batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    print!("{:>8}", "batch");
+    for c in &contexts {
+        print!("{:>28}", format!("ctx {c}"));
+    }
+    println!();
+    for b in &batches {
+        print!("{b:>8}");
+        for c in &contexts {
+            let cell = match p.decode_at(*b, *c) {
+                Some(d) => {
+                    let limit = if *b == 1 { p.bandwidth_bound_tokens_per_sec() } else { p.gemm_bound_tokens_per_sec() };
+                    format!("{:.1} ({:.0}, {:.0}%)", d.step_ms, d.tokens_per_sec, 100.0 * d.tokens_per_sec / limit)
+                }
+                None => "-".into(),
+            };
+            print!("{cell:>28}");
+        }
+        println!();
+    }
+    println!("(batch 1 is compared with the bandwidth limit, larger batches with the GEMM limit)");
+    for (title, points) in [("prefill", &p.prefill), ("extend (context 512)", &p.extend)] {
+        println!("\n{title}:");
+        for x in points {
+            println!(
+                "  batch {:>3} × {:>5} tokens: {:>9.1} ms, {:>8.0} tok/s ({:.0}% of GEMM limit)",
+                x.batch,
+                x.tokens_per_row,
+                x.step_ms,
+                x.tokens_per_sec,
+                100.0 * x.tokens_per_sec / p.gemm_bound_tokens_per_sec()
+            );
+        }
+    }
+}
