@@ -56,8 +56,8 @@ pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
 
 fn print_table(p: &Profile, dtype: WeightDtype) {
     println!(
-        "machine: {:.1} GB/s triad, {:.0} GFLOP/s f32 GEMM, {} threads",
-        p.machine.bandwidth_gbps, p.machine.gemm_gflops, p.machine.threads
+        "machine: {:.1} GB/s read, {:.1} GB/s triad, {:.0} GFLOP/s f32 GEMM (candle, 2048³), {} threads",
+        p.machine.read_gbps, p.machine.triad_gbps, p.machine.gemm_gflops, p.machine.threads
     );
     println!(
         "model: {:.1}M parameters, {:.0} MB of {dtype:?} weights; limits: {:.1} tok/s at batch 1 (bandwidth), {:.0} tok/s at large batch (GEMM)",
@@ -91,7 +91,7 @@ fn print_table(p: &Profile, dtype: WeightDtype) {
         }
         println!();
     }
-    println!("(batch 1 is compared with the bandwidth limit, larger batches with the GEMM limit)");
+    println!("(batch 1 is compared with the read-bandwidth limit, larger batches with the GEMM limit)");
     for (title, points) in [("prefill", &p.prefill), ("extend (context 512)", &p.extend)] {
         println!("\n{title}:");
         for x in points {
@@ -101,7 +101,7 @@ fn print_table(p: &Profile, dtype: WeightDtype) {
                 x.tokens_per_row,
                 x.step_ms,
                 x.tokens_per_sec,
-                100.0 * x.tokens_per_sec / p.gemm_bound_tokens_per_sec()
+                100.0 * x.tokens_per_sec / p.gemm_bound_prefill_tokens_per_sec(x.tokens_per_row)
             );
         }
     }

@@ -1,8 +1,13 @@
 //! A dense layer `y = x Wᵀ + b` over packed token rows.
 
-use candle_core::{Module, Tensor};
+use candle_core::{DType, Device, Module, Storage, Tensor};
 
 use super::error::Result;
+use super::matmul::matmul_xwt;
+
+/// Up to this many rows, f32 layers use our few-row kernel; beyond, candle's packed
+/// GEMM is faster (measured with `examples/matmul_bench.rs`).
+const FEW_ROWS: usize = 96;
 
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -36,12 +41,34 @@ impl Linear {
 
     /// `x`: `(tokens, in_features)` → `(tokens, out_features)`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let rows = x.dims()[0];
+        let y = if rows <= FEW_ROWS && self.weight.dtype() == DType::F32 && x.dtype() == DType::F32 {
+            self.few_rows(x)?
+        } else {
+            x.matmul(&self.weight.t()?)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+
+    fn few_rows(&self, x: &Tensor) -> Result<Tensor> {
+        let (m, k) = x.dims2()?;
+        let n = self.out_features();
+        let x = x.contiguous()?;
+        let mut y = vec![0f32; m * n];
+        with_f32_slice(&x, |xs| with_f32_slice(&self.weight, |ws| matmul_xwt(xs, ws, &mut y, m, k, n)))??;
+        Ok(Tensor::from_vec(y, (m, n), &Device::Cpu)?)
+    }
+}
+
+/// Runs `f` on the f32 data of a contiguous CPU tensor, without copying it.
+fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("few-row matmul runs on CPU tensors only") };
+    let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("tensor is not contiguous") };
+    Ok(f(&cpu.as_slice::<f32>()?[start..end]))
 }
 
 impl Module for Linear {

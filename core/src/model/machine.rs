@@ -10,8 +10,11 @@ use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct MachineLimits {
-    /// Triad bandwidth, GB/s (10^9 bytes), counting two reads and one write per element.
-    pub bandwidth_gbps: f64,
+    /// Read-only bandwidth, GB/s (10^9 bytes): what streaming weights can reach, the
+    /// limit of batch-1 decode.
+    pub read_gbps: f64,
+    /// STREAM triad bandwidth, GB/s, counting two reads and one write per element.
+    pub triad_gbps: f64,
     /// f32 GEMM rate at 2048³, GFLOP/s.
     pub gemm_gflops: f64,
     pub threads: usize,
@@ -19,14 +22,41 @@ pub struct MachineLimits {
 
 pub fn measure() -> MachineLimits {
     MachineLimits {
-        bandwidth_gbps: measure_bandwidth(),
+        read_gbps: measure_read_bandwidth(),
+        triad_gbps: measure_triad_bandwidth(),
         gemm_gflops: measure_gemm().unwrap_or(f64::NAN),
         threads: rayon::current_num_threads(),
     }
 }
 
+/// Best of several vectorized sums over an array far larger than any cache.
+pub fn measure_read_bandwidth() -> f64 {
+    const N: usize = 64 << 20; // 256 MiB
+    let data = vec![1.0f32; N];
+    let chunk = N / (rayon::current_num_threads() * 8).max(1);
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        let total: f32 = data.par_chunks(chunk).map(sum_lanes).sum();
+        std::hint::black_box(total);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (N * 4) as f64 / best / 1e9
+}
+
+/// Sums with independent lanes, which the compiler turns into vector adds.
+fn sum_lanes(values: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    for v in values.chunks_exact(16) {
+        for l in 0..16 {
+            acc[l] += v[l];
+        }
+    }
+    acc.iter().sum()
+}
+
 /// Best of several triads over arrays far larger than any cache.
-pub fn measure_bandwidth() -> f64 {
+pub fn measure_triad_bandwidth() -> f64 {
     const N: usize = 32 << 20; // 128 MiB per array
     let b = vec![1.0f32; N];
     let c = vec![2.0f32; N];

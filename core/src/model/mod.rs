@@ -10,6 +10,7 @@ pub mod init;
 pub mod kv;
 pub mod linear;
 pub mod machine;
+pub mod matmul;
 pub mod presets;
 pub mod profile;
 pub mod rope;

@@ -58,6 +58,9 @@ pub struct PrefillPoint {
 pub struct Profile {
     pub model: String,
     pub parameters: usize,
+    pub embedding_parameters: usize,
+    pub lm_head_parameters: usize,
+    pub tied: bool,
     pub weight_bytes: usize,
     pub machine: MachineLimits,
     pub decode: Vec<DecodePoint>,
@@ -68,12 +71,27 @@ pub struct Profile {
 impl Profile {
     /// Batch-1 decode limit: every weight byte read once per step.
     pub fn bandwidth_bound_tokens_per_sec(&self) -> f64 {
-        self.machine.bandwidth_gbps * 1e9 / self.weight_bytes as f64
+        self.machine.read_gbps * 1e9 / self.weight_bytes as f64
     }
 
-    /// Large-batch decode limit: two FLOPs per parameter per token.
+    /// Large-batch decode limit: two FLOPs per matmul weight per token (every decoded
+    /// token goes through the LM head).
     pub fn gemm_bound_tokens_per_sec(&self) -> f64 {
-        self.machine.gemm_gflops * 1e9 / (2.0 * self.parameters as f64)
+        self.machine.gemm_gflops * 1e9 / (2.0 * self.matmul_parameters_per_token(true) as f64)
+    }
+
+    /// Prefill limit: the LM head runs once per row, not per token.
+    pub fn gemm_bound_prefill_tokens_per_sec(&self, tokens_per_row: usize) -> f64 {
+        let per_token = self.matmul_parameters_per_token(false) as f64
+            + self.lm_head_parameters as f64 / tokens_per_row as f64;
+        self.machine.gemm_gflops * 1e9 / (2.0 * per_token)
+    }
+
+    /// Weights a token multiplies through: all layers, plus the LM head if asked.
+    /// (The embedding lookup reads one row, not a matmul.)
+    fn matmul_parameters_per_token(&self, with_head: bool) -> usize {
+        let layers = self.parameters - self.embedding_parameters - if self.tied { 0 } else { self.lm_head_parameters };
+        layers + if with_head { self.lm_head_parameters } else { 0 }
     }
 
     pub fn decode_at(&self, batch: usize, context: usize) -> Option<&DecodePoint> {
@@ -121,6 +139,9 @@ pub fn run(
     Ok(Profile {
         model: name.to_string(),
         parameters: backend.config().num_parameters(),
+        embedding_parameters: backend.config().vocab_size * backend.config().hidden_size,
+        lm_head_parameters: backend.config().vocab_size * backend.config().hidden_size,
+        tied: backend.config().tie_word_embeddings,
         weight_bytes,
         machine,
         decode,

@@ -1,0 +1,79 @@
+//! Few-row matmul: candle's GEMM against our kernel, on the shapes of the model presets.
+//! `cargo run --release -p tokenrouter-core --example matmul_bench`
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use tokenrouter_core::model::matmul::matmul_xwt;
+
+fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..runs).map(|_| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    }).fold(f64::INFINITY, f64::min)
+}
+
+fn main() -> candle_core::Result<()> {
+    tokenrouter_core::model::threads::configure(None);
+    {
+        use rayon::prelude::*;
+        let data = vec![1.0f32; 80 << 20];
+        for chunk in [1usize << 16, 1 << 20, 10 << 20] {
+            let t = best_of(5, || {
+                let s: f32 = data.par_chunks(chunk).map(|c| {
+                    let mut acc = [0f32; 16];
+                    for v in c.chunks_exact(16) {
+                        for l in 0..16 {
+                            acc[l] += v[l];
+                        }
+                    }
+                    acc.iter().sum::<f32>()
+                }).sum();
+                std::hint::black_box(s);
+            });
+            println!("read-only sum, chunk {chunk}: {:.1} GB/s", (data.len() * 4) as f64 / t / 1e9);
+        }
+        println!("triad: {:.1} GB/s", tokenrouter_core::model::machine::measure_triad_bandwidth());
+        for huge in [false, true] {
+            let (k, n) = (512usize, 151_936usize);
+            let mut w: Vec<f32> = Vec::with_capacity(n * k);
+            if huge {
+                unsafe {
+                    let p = w.as_mut_ptr() as usize;
+                    let start = (p + (2 << 20) - 1) & !((2 << 20) - 1);
+                    let end = (p + n * k * 4) & !((2 << 20) - 1);
+                    let r = libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+                    println!("madvise -> {r}");
+                }
+            }
+            w.resize(n * k, 0.5);
+            let x = vec![1.0f32; k];
+            let mut y = vec![0f32; n];
+            let t = best_of(5, || matmul_xwt(&x, &w, &mut y, 1, k, n));
+            println!("lm_head m=1 huge={huge}: {:.2} ms, {:.1} GB/s", t * 1e3, (n * k * 4) as f64 / t / 1e9);
+        }
+    }
+    let shapes = [(512, 3072), (1536, 512), (512, 151_936), (1024, 6144), (3072, 1024), (1024, 2048)];
+    println!("{:>5} {:>6} {:>7} {:>11} {:>11} {:>8} {:>9}", "m", "k", "n", "candle ms", "ours ms", "GB/s", "GFLOP/s");
+    for &(k, n) in &shapes {
+        let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
+        let wv: Vec<f32> = w.flatten_all()?.to_vec1()?;
+        for &m in &[1usize, 8, 32, 64] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+            let xv: Vec<f32> = x.flatten_all()?.to_vec1()?;
+            let wt = w.t()?;
+            let c = best_of(5, || { std::hint::black_box(x.matmul(&wt).unwrap()); });
+            let mut y = vec![0f32; m * n];
+            let o = best_of(5, || matmul_xwt(&xv, &wv, &mut y, m, k, n));
+            let gbs = (n * k * 4) as f64 / o / 1e9;
+            let gflops = 2.0 * (m * n * k) as f64 / o / 1e9;
+            println!("{m:>5} {k:>6} {n:>7} {:>11.3} {:>11.3} {gbs:>8.1} {gflops:>9.1}", c * 1e3, o * 1e3);
+        }
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn read_bandwidth() {}
