@@ -191,3 +191,20 @@ fn f16_weights_track_f32() {
     assert!(max_diff(&a, &h) < 0.05, "{}", max_diff(&a, &h));
     assert_eq!(argmax(&a), argmax(&h));
 }
+
+#[test]
+fn long_prefill_equals_the_same_prompt_in_chunks() {
+    // 150 rows take candle's packed GEMM; chunks of 40 take the few-row kernel.
+    let dir = random_model(9);
+    let mut b = backend(&dir, 256);
+    let prompt = tokens(5, 150);
+    let mut whole = b.new_sequence();
+    let once = run(&mut b, &mut whole, &prompt, 0);
+    let mut chunked = b.new_sequence();
+    let mut last = Vec::new();
+    for start in (0..prompt.len()).step_by(40) {
+        let end = (start + 40).min(prompt.len());
+        last = run(&mut b, &mut chunked, &prompt[start..end], start);
+    }
+    assert!(max_diff(&once, &last) < 1e-4, "{}", max_diff(&once, &last));
+}

@@ -10,10 +10,8 @@ use rayon::prelude::*;
 
 /// Rows of `x` per micro-kernel.
 const MR: usize = 4;
-/// Rows of `W` per micro-kernel (the last of them only when `x` has one row, where
-/// more independent streams help the memory system).
-const NR: usize = 8;
-const NR_MULTI: usize = 4;
+/// Rows of `W` per micro-kernel, at most.
+const NR: usize = 4;
 /// How far ahead (in floats) the single-row kernel prefetches each weight row.
 const PREFETCH_AHEAD: usize = 1024;
 
@@ -42,7 +40,7 @@ unsafe impl Sync for SharedOut {}
 
 #[allow(clippy::too_many_arguments)]
 fn compute_columns(x: &[f32], w: &[f32], out: &SharedOut, m: usize, k: usize, n: usize, n0: usize, n1: usize) {
-    let step = if m == 1 { NR } else { NR_MULTI };
+    let step = w_rows_per_tile(m);
     let mut j = n0;
     while j < n1 {
         let nr = step.min(n1 - j);
@@ -64,6 +62,18 @@ fn compute_columns(x: &[f32], w: &[f32], out: &SharedOut, m: usize, k: usize, n:
     }
 }
 
+/// With few rows of `x` the kernel is a weight stream, and the memory system serves a
+/// single sequential stream best (measured: one row at a time reaches the read
+/// bandwidth, four interleaved rows ~75% of it). With more rows, reuse of each loaded
+/// vector across a 4 × 4 register block matters more.
+fn w_rows_per_tile(x_rows: usize) -> usize {
+    match x_rows {
+        1 => 1,
+        2..=8 => 2,
+        _ => NR,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn tile(x: &[f32], w: &[f32], k: usize, i: usize, j: usize, mr: usize, nr: usize, acc: &mut [[f32; NR]; MR]) {
@@ -76,7 +86,7 @@ fn tile(x: &[f32], w: &[f32], k: usize, i: usize, j: usize, mr: usize, nr: usize
         };
     }
     dispatch!(4 4, 4 3, 4 2, 4 1, 3 4, 3 3, 3 2, 3 1, 2 4, 2 3, 2 2, 2 1,
-        1 8, 1 7, 1 6, 1 5, 1 4, 1 3, 1 2, 1 1);
+        1 4, 1 3, 1 2, 1 1);
 }
 
 /// A `R × C` block of dot products, accumulated in `R · C` vector registers.
