@@ -1,1 +1,3 @@
 pub mod model;
+pub mod policy;
+pub mod sched;

@@ -1,0 +1,12 @@
+//! Scheduling: delayed batching, the per-model subserver state machine, and the
+//! sequential reference that batched serving must reproduce.
+
+pub mod batching;
+pub mod reference;
+pub mod request;
+mod resident;
+pub mod subserver;
+
+pub use batching::{BatchingRule, Threshold};
+pub use request::{Arrival, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
+pub use subserver::{ArrivalError, StepOutcome, Subserver, SubserverConfig, SubserverStats};

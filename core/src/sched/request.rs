@@ -1,0 +1,119 @@
+//! What a request is to the scheduler, and the messages that move it between models.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::model::sampler::SamplingParams;
+use crate::policy::{ModelIndex, Policy, PolicyState};
+
+pub type RequestId = u64;
+
+/// The parts of a request that never change; shared by every model it visits.
+pub struct RequestSpec {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end the request (EOS and user stop ids); empty to ignore them.
+    pub stop_ids: Vec<u32>,
+    pub policy: Arc<dyn Policy>,
+}
+
+impl std::fmt::Debug for RequestSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestSpec")
+            .field("id", &self.id)
+            .field("prompt_len", &self.prompt.len())
+            .field("max_tokens", &self.max_tokens)
+            .field("policy", &self.policy.name())
+            .finish()
+    }
+}
+
+/// What travels with a request when it moves: its routing state and, per model, how
+/// many tokens of its sequence that model has seen.
+#[derive(Debug, Clone)]
+pub struct Travel {
+    pub policy_state: PolicyState,
+    /// Per model: length of the sequence prefix that model holds (0 = never visited).
+    pub seen: Vec<usize>,
+}
+
+/// A request arriving at a subserver: new (from admission) or moving in from a peer.
+/// Only the part of the sequence the receiver has not seen crosses.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub spec: Arc<RequestSpec>,
+    /// Tokens from position `start` of the full sequence (prompt + committed output).
+    pub suffix: Vec<u32>,
+    pub start: usize,
+    pub output_len: usize,
+    pub travel: Travel,
+}
+
+impl Arrival {
+    pub fn sequence_len(&self) -> usize {
+        self.start + self.suffix.len()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was produced.
+    Stop,
+    /// max_tokens or the context limit was reached.
+    Length,
+}
+
+/// What a step tells the world about one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    /// A token was committed at output index `index`, produced by `model`.
+    Token { id: RequestId, index: usize, token: u32, model: ModelIndex, logprob: Option<f32>, top_logprobs: Vec<(u32, f32)> },
+    /// The request left `from` for `to` (after any committed token above).
+    Moved { id: RequestId, from: ModelIndex, to: ModelIndex },
+    Finished { id: RequestId, reason: FinishReason },
+    /// The request cannot go on (e.g. its context alone exceeds this model's KV).
+    Failed { id: RequestId, message: String },
+}
+
+impl RequestEvent {
+    pub fn request_id(&self) -> RequestId {
+        match self {
+            RequestEvent::Token { id, .. }
+            | RequestEvent::Moved { id, .. }
+            | RequestEvent::Finished { id, .. }
+            | RequestEvent::Failed { id, .. } => *id,
+        }
+    }
+}
+
+impl RequestSpec {
+    /// The seed of the request's policy draws: fixed by its sampling seed, so a seeded
+    /// request routes the same way every time.
+    pub fn policy_seed(&self) -> u64 {
+        self.sampling.seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0x5851_F42D_4C95_7F2D
+    }
+}
+
+/// A new request's entry model (the policy's choice) and its first arrival there.
+pub fn admit(spec: Arc<RequestSpec>, num_models: usize) -> (ModelIndex, Arrival) {
+    let mut policy_state = spec.policy.new_state(spec.policy_seed());
+    let entry = spec.policy.entry_model(&mut crate::policy::EntryRequest {
+        request_id: spec.id,
+        prompt: &spec.prompt,
+        max_tokens: spec.max_tokens,
+        state: &mut policy_state,
+    });
+    let entry = entry.min(num_models.saturating_sub(1));
+    let arrival = Arrival {
+        suffix: spec.prompt.clone(),
+        start: 0,
+        output_len: 0,
+        travel: Travel { policy_state, seen: vec![0; num_models] },
+        spec,
+    };
+    (entry, arrival)
+}

@@ -1,0 +1,96 @@
+//! A request as one subserver holds it: its tokens as this model knows them, its KV
+//! here, and the state that travels with it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::model::sampler::{Sampled, TokenCounts};
+use crate::model::KvSeq;
+use crate::policy::ModelIndex;
+
+use super::request::{Arrival, FinishReason, RequestEvent, RequestSpec, Travel};
+use super::subserver::counts_for;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ready,
+    /// Away on a peer; its KV stays here for when it returns.
+    Pending,
+}
+
+pub struct Resident {
+    pub spec: Arc<RequestSpec>,
+    /// Prompt and committed output, as far as this model knows.
+    pub tokens: Vec<u32>,
+    pub output_len: usize,
+    pub kv: KvSeq,
+    pub travel: Travel,
+    pub counts: TokenCounts,
+    pub status: Status,
+    pub ready_since: Instant,
+    pub pending_since: u64,
+}
+
+impl Resident {
+    pub fn new(arrival: Arrival, kv: KvSeq, now: Instant) -> Self {
+        let counts = counts_for(&arrival.suffix, arrival.spec.prompt.len());
+        Resident {
+            spec: arrival.spec,
+            tokens: arrival.suffix,
+            output_len: arrival.output_len,
+            kv,
+            travel: arrival.travel,
+            counts,
+            status: Status::Ready,
+            ready_since: now,
+            pending_since: 0,
+        }
+    }
+
+    /// Takes in a returning request: the tokens it produced elsewhere, its travel state.
+    pub fn absorb(&mut self, arrival: Arrival, now: Instant) {
+        self.tokens.truncate(arrival.start);
+        self.kv.truncate(arrival.start);
+        let prompt_len = self.spec.prompt.len();
+        for (offset, &t) in arrival.suffix.iter().enumerate() {
+            if arrival.start + offset >= prompt_len {
+                self.counts.observe_output(t);
+            }
+        }
+        self.tokens.extend_from_slice(&arrival.suffix);
+        self.output_len = arrival.output_len;
+        self.travel = arrival.travel;
+        self.status = Status::Ready;
+        self.ready_since = now;
+    }
+
+    /// Tokens known but not yet computed here.
+    pub fn behind(&self) -> usize {
+        self.tokens.len() - self.kv.len()
+    }
+
+    pub fn commit(&mut self, model: ModelIndex, sampled: &Sampled) -> RequestEvent {
+        self.tokens.push(sampled.token);
+        self.output_len += 1;
+        self.counts.observe_output(sampled.token);
+        RequestEvent::Token {
+            id: self.spec.id,
+            index: self.output_len - 1,
+            token: sampled.token,
+            model,
+            logprob: sampled.logprob,
+            top_logprobs: sampled.top_logprobs.clone(),
+        }
+    }
+
+    pub fn finish_reason(&self, max_context: usize) -> Option<FinishReason> {
+        let last = *self.tokens.last()?;
+        if self.output_len > 0 && self.spec.stop_ids.contains(&last) {
+            Some(FinishReason::Stop)
+        } else if self.output_len >= self.spec.max_tokens || self.tokens.len() >= max_context {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}

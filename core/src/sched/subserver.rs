@@ -1,0 +1,452 @@
+//! One model's scheduler: which resident requests run in the next step, the step
+//! itself (one varlen forward, sampling, routing), and what the step sends out.
+//!
+//! A request's computed tokens (its KV length here) catch up with its known tokens:
+//! a new prompt, a return from a peer and a plain decode differ only in how many
+//! tokens are behind, so they share one forward. A request that leaves keeps its
+//! resident record and KV here (*pending*); when it returns only the suffix it missed
+//! arrives, and it resumes with an extend.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::model::sampler::{Sampler, TokenCounts};
+use crate::model::{Backend, ModelError, RowInput};
+use crate::policy::{Decision, ModelIndex, RouteRow};
+
+use super::batching::BatchingRule;
+use super::request::{Arrival, RequestEvent, RequestId, RequestSpec, Travel};
+use super::resident::{Resident, Status};
+
+#[derive(Debug, Clone)]
+pub struct SubserverConfig {
+    pub model: ModelIndex,
+    pub num_models: usize,
+    /// Vocabulary all models share; logits are sliced to it before sampling/routing.
+    pub shared_vocab: usize,
+    /// Longest sequence any model of the engine can hold.
+    pub max_context: usize,
+    pub max_batch_rows: usize,
+    /// Most tokens one row feeds in one step (long prompts are chunked).
+    pub prefill_chunk: usize,
+    /// Most tokens one step feeds in total (at least one row always runs).
+    pub step_token_budget: usize,
+}
+
+impl SubserverConfig {
+    pub fn new(model: ModelIndex, num_models: usize, shared_vocab: usize, max_context: usize) -> Self {
+        SubserverConfig {
+            model,
+            num_models,
+            shared_vocab,
+            max_context,
+            max_batch_rows: 64,
+            prefill_chunk: 512,
+            step_token_budget: 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ArrivalError {
+    #[error("request {0} is already ready on this model")]
+    AlreadyReady(RequestId),
+    #[error("request {id} arrives from position {start}, but this model holds only {held} of its tokens")]
+    MissingPrefix { id: RequestId, start: usize, held: usize },
+}
+
+/// Everything a step produced.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    pub events: Vec<RequestEvent>,
+    /// Requests leaving for peers.
+    pub handoffs: Vec<(ModelIndex, Arrival)>,
+    pub rows: usize,
+    pub tokens_fed: usize,
+    pub elapsed: Duration,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SubserverStats {
+    pub steps: u64,
+    pub rows: u64,
+    pub tokens_fed: u64,
+    pub tokens_committed: u64,
+    pub handoffs_out: u64,
+    pub handoffs_in: u64,
+    pub evictions: u64,
+    pub busy: Duration,
+}
+
+pub struct Subserver {
+    config: SubserverConfig,
+    backend: Box<dyn Backend>,
+    rule: BatchingRule,
+    residents: HashMap<RequestId, Resident>,
+    /// Ready requests, oldest first.
+    ready: VecDeque<RequestId>,
+    /// Engine-wide number of active requests (N), which thresholds depend on.
+    active: usize,
+    sampler: Sampler,
+    stats: SubserverStats,
+    pending_clock: u64,
+}
+
+struct Row {
+    resident: Resident,
+    feed: usize,
+}
+
+impl Subserver {
+    pub fn new(config: SubserverConfig, backend: Box<dyn Backend>, rule: BatchingRule) -> Self {
+        Subserver {
+            config,
+            backend,
+            rule,
+            residents: HashMap::new(),
+            ready: VecDeque::new(),
+            active: 0,
+            sampler: Sampler::default(),
+            stats: SubserverStats::default(),
+            pending_clock: 0,
+        }
+    }
+
+    pub fn model(&self) -> ModelIndex {
+        self.config.model
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub fn stats(&self) -> &SubserverStats {
+        &self.stats
+    }
+
+    pub fn ready_count(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.residents.len() - self.ready.len()
+    }
+
+    pub fn holds(&self, id: RequestId) -> bool {
+        self.residents.contains_key(&id)
+    }
+
+    pub fn set_active(&mut self, active: usize) {
+        self.active = active;
+    }
+
+    pub fn set_rule(&mut self, rule: BatchingRule) {
+        self.rule = rule;
+    }
+
+    pub fn threshold(&self) -> usize {
+        self.rule.effective(self.active.max(1)).get(self.config.model).copied().unwrap_or(1)
+    }
+
+    /// A new request or one moving in from a peer.
+    pub fn arrive(&mut self, arrival: Arrival) -> Result<(), ArrivalError> {
+        let id = arrival.spec.id;
+        let now = Instant::now();
+        match self.residents.get_mut(&id) {
+            Some(r) if r.status == Status::Ready => return Err(ArrivalError::AlreadyReady(id)),
+            Some(r) => {
+                if r.tokens.len() < arrival.start {
+                    return Err(ArrivalError::MissingPrefix { id, start: arrival.start, held: r.tokens.len() });
+                }
+                r.absorb(arrival, now);
+                self.stats.handoffs_in += 1;
+            }
+            None if arrival.start > 0 => {
+                return Err(ArrivalError::MissingPrefix { id, start: arrival.start, held: 0 });
+            }
+            None => {
+                let kv = self.backend.new_sequence();
+                self.residents.insert(id, Resident::new(arrival, kv, now));
+            }
+        }
+        self.ready.push_back(id);
+        Ok(())
+    }
+
+    /// The request ended (finished elsewhere, cancelled, failed): free its KV here.
+    pub fn release(&mut self, id: RequestId) -> bool {
+        self.ready.retain(|r| *r != id);
+        self.residents.remove(&id).is_some()
+    }
+
+    /// Ids of every request held here (to end or resume them when this model fails).
+    pub fn resident_ids(&self) -> Vec<RequestId> {
+        self.residents.keys().copied().collect()
+    }
+
+    /// Whether delayed batching lets a step start now.
+    pub fn should_launch(&self, now: Instant) -> bool {
+        if self.ready.is_empty() {
+            return false;
+        }
+        self.ready.len() >= self.threshold() || self.deadline().is_some_and(|d| now >= d)
+    }
+
+    /// When the oldest ready request's max wait runs out, if a max wait is set.
+    pub fn deadline(&self) -> Option<Instant> {
+        let wait = self.rule.max_wait?;
+        let oldest = self.ready.iter().filter_map(|id| self.residents.get(id)).map(|r| r.ready_since).min()?;
+        Some(oldest + wait)
+    }
+
+    /// Frees the KV of pending requests, oldest first, until `blocks` are free.
+    /// They keep their tokens and recompute when they return.
+    pub fn evict_pending(&mut self, blocks: usize) -> usize {
+        let mut pending: Vec<(u64, RequestId)> = self
+            .residents
+            .iter()
+            .filter(|(_, r)| r.status == Status::Pending && !r.kv.is_empty())
+            .map(|(id, r)| (r.pending_since, *id))
+            .collect();
+        pending.sort_unstable();
+        let mut evicted = 0;
+        for (_, id) in pending {
+            if self.backend.kv_capacity().free_blocks >= blocks {
+                break;
+            }
+            if let Some(r) = self.residents.get_mut(&id) {
+                r.kv.clear();
+                evicted += 1;
+            }
+        }
+        self.stats.evictions += evicted as u64;
+        evicted
+    }
+
+    /// Frees the KV of ready requests that are not in the running step, newest first
+    /// (as vLLM preempts): they recompute when their turn comes.
+    fn preempt_waiting(&mut self, blocks: usize) -> usize {
+        let mut preempted = 0;
+        for id in self.ready.iter().rev() {
+            if self.backend.kv_capacity().free_blocks >= blocks {
+                break;
+            }
+            if let Some(r) = self.residents.get_mut(id).filter(|r| !r.kv.is_empty()) {
+                r.kv.clear();
+                preempted += 1;
+            }
+        }
+        self.stats.evictions += preempted as u64;
+        preempted
+    }
+
+    /// Runs one step over the ready requests.
+    pub fn step(&mut self) -> StepOutcome {
+        let started = Instant::now();
+        let mut outcome = StepOutcome::default();
+        let mut rows = self.take_batch();
+        let logits = loop {
+            match self.forward(&mut rows) {
+                Ok(out) => break out,
+                Err(ModelError::OutOfBlocks { needed, .. }) => {
+                    if self.evict_pending(needed) > 0 || self.preempt_waiting(needed) > 0 {
+                        continue;
+                    }
+                    if rows.len() > 1 {
+                        let last = rows.pop().expect("more than one row");
+                        self.put_back_ready(last.resident, true);
+                        continue;
+                    }
+                    let row = rows.pop().expect("one row");
+                    outcome.events.push(self.fail(row.resident, "its context does not fit this model's KV cache"));
+                    break None;
+                }
+                Err(e) => {
+                    let message = format!("model step failed: {e}");
+                    for row in rows.drain(..) {
+                        outcome.events.push(self.fail(row.resident, &message));
+                    }
+                    break None;
+                }
+            }
+        };
+        if let Some(out) = logits {
+            outcome.rows = rows.len();
+            outcome.tokens_fed = rows.iter().map(|r| r.feed).sum();
+            self.finish_rows(rows, &out, &mut outcome);
+        }
+        outcome.elapsed = started.elapsed();
+        self.stats.steps += 1;
+        self.stats.rows += outcome.rows as u64;
+        self.stats.tokens_fed += outcome.tokens_fed as u64;
+        self.stats.busy += outcome.elapsed;
+        outcome
+    }
+
+    /// Takes ready requests in arrival order: short rows (decodes, extends) first so a
+    /// long prompt never holds them back, then prompt chunks while the budget lasts.
+    fn take_batch(&mut self) -> Vec<Row> {
+        let chunk = self.config.prefill_chunk.max(1);
+        let (mut short, mut long): (Vec<RequestId>, Vec<RequestId>) =
+            self.ready.iter().partition(|id| self.residents[id].behind() <= chunk.min(16));
+        short.append(&mut long);
+        let mut budget = self.config.step_token_budget.max(1);
+        let mut rows = Vec::new();
+        for id in short {
+            if rows.len() == self.config.max_batch_rows || (budget == 0 && !rows.is_empty()) {
+                break;
+            }
+            let behind = self.residents[&id].behind();
+            let feed = behind.min(chunk).min(budget.max(1));
+            budget = budget.saturating_sub(feed);
+            self.ready.retain(|r| *r != id);
+            let resident = self.residents.remove(&id).expect("ready requests are resident");
+            rows.push(Row { resident, feed });
+        }
+        rows
+    }
+
+    fn forward(&mut self, rows: &mut [Row]) -> crate::model::Result<Option<crate::model::ForwardOutput>> {
+        let want_hidden = rows.iter().any(|r| r.resident.spec.policy.needs_hidden(self.config.model));
+        let mut inputs: Vec<RowInput> = rows
+            .iter_mut()
+            .map(|row| {
+                let r = &mut row.resident;
+                let start = r.kv.len();
+                RowInput { tokens: &r.tokens[start..start + row.feed], start, kv: &mut r.kv }
+            })
+            .collect();
+        self.backend.forward(&mut inputs, want_hidden).map(Some)
+    }
+
+    fn finish_rows(&mut self, rows: Vec<Row>, out: &crate::model::ForwardOutput, outcome: &mut StepOutcome) {
+        let vocab = self.config.shared_vocab;
+        let mut complete: Vec<(usize, Resident, crate::model::sampler::Sampled)> = Vec::new();
+        for (i, row) in rows.into_iter().enumerate() {
+            let r = row.resident;
+            if r.behind() > 0 {
+                // A prompt chunk: more of it to feed before anything is sampled.
+                self.put_back_ready(r, false);
+                continue;
+            }
+            let logits = &out.row_logits(i)[..vocab];
+            let sampled = self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.output_len as u64);
+            complete.push((i, r, sampled));
+        }
+        let decisions = self.route(&mut complete, out);
+        for ((_, r, sampled), decision) in complete.into_iter().zip(decisions) {
+            self.apply(r, sampled, decision, outcome);
+        }
+    }
+
+    /// Asks each request's policy, one call per policy over its rows.
+    fn route(
+        &self,
+        rows: &mut [(usize, Resident, crate::model::sampler::Sampled)],
+        out: &crate::model::ForwardOutput,
+    ) -> Vec<Decision> {
+        let vocab = self.config.shared_vocab;
+        let mut decisions = vec![Decision::Stay; rows.len()];
+        let mut groups: Vec<(Arc<RequestSpec>, Vec<usize>)> = Vec::new();
+        for (k, (_, r, _)) in rows.iter().enumerate() {
+            match groups.iter_mut().find(|(spec, _)| same_policy(spec, &r.spec)) {
+                Some((_, members)) => members.push(k),
+                None => groups.push((r.spec.clone(), vec![k])),
+            }
+        }
+        for (spec, members) in groups {
+            let mut route_rows: Vec<RouteRow> = Vec::with_capacity(members.len());
+            // Split borrows: each member row is visited once.
+            let mut slots: Vec<Option<&mut (usize, Resident, crate::model::sampler::Sampled)>> =
+                rows.iter_mut().map(Some).collect();
+            for &k in &members {
+                let (i, r, sampled) = slots[k].take().expect("each row once");
+                let prompt_len = r.spec.prompt.len();
+                route_rows.push(RouteRow {
+                    request_id: r.spec.id,
+                    model: self.config.model,
+                    logits: &out.row_logits(*i)[..vocab],
+                    hidden: out.row_hidden(*i),
+                    sampled: sampled.token,
+                    output: &r.tokens[prompt_len..],
+                    state: &mut r.travel.policy_state,
+                });
+            }
+            let answer = spec.policy.route(&mut route_rows);
+            for (pos, &k) in members.iter().enumerate() {
+                decisions[k] = answer.get(pos).copied().unwrap_or(Decision::Stay);
+            }
+        }
+        decisions
+    }
+
+    fn apply(&mut self, mut r: Resident, sampled: crate::model::sampler::Sampled, decision: Decision, outcome: &mut StepOutcome) {
+        let me = self.config.model;
+        let (to, commit) = match decision {
+            Decision::Move { to, commit } if to != me && to < self.config.num_models => (Some(to), commit),
+            _ => (None, true),
+        };
+        if commit {
+            outcome.events.push(r.commit(me, &sampled));
+            self.stats.tokens_committed += 1;
+            if let Some(reason) = r.finish_reason(self.config.max_context) {
+                outcome.events.push(RequestEvent::Finished { id: r.spec.id, reason });
+                return; // dropping the resident frees its KV here
+            }
+        }
+        match to {
+            None => self.put_back_ready(r, false),
+            Some(to) => {
+                outcome.events.push(RequestEvent::Moved { id: r.spec.id, from: me, to });
+                outcome.handoffs.push((to, self.depart(&mut r, to)));
+                self.stats.handoffs_out += 1;
+                self.pending_clock += 1;
+                r.status = Status::Pending;
+                r.pending_since = self.pending_clock;
+                self.residents.insert(r.spec.id, r);
+            }
+        }
+    }
+
+    /// What the peer `to` needs: the tokens it has not seen, and the travel state.
+    fn depart(&self, r: &mut Resident, to: ModelIndex) -> Arrival {
+        r.travel.seen[self.config.model] = r.tokens.len();
+        let start = r.travel.seen[to].min(r.tokens.len());
+        Arrival {
+            spec: r.spec.clone(),
+            suffix: r.tokens[start..].to_vec(),
+            start,
+            output_len: r.output_len,
+            travel: Travel { policy_state: r.travel.policy_state.clone(), seen: r.travel.seen.clone() },
+        }
+    }
+
+    fn put_back_ready(&mut self, r: Resident, front: bool) {
+        let id = r.spec.id;
+        self.residents.insert(id, r);
+        if front {
+            self.ready.push_front(id);
+        } else {
+            self.ready.push_back(id);
+        }
+    }
+
+    fn fail(&mut self, r: Resident, message: &str) -> RequestEvent {
+        RequestEvent::Failed { id: r.spec.id, message: message.to_string() }
+    }
+}
+
+fn same_policy(a: &Arc<RequestSpec>, b: &Arc<RequestSpec>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(&a.policy), Arc::as_ptr(&b.policy))
+}
+
+/// Counts for penalties from a sequence, as a new resident rebuilds them.
+pub(crate) fn counts_for(tokens: &[u32], prompt_len: usize) -> TokenCounts {
+    let mut counts = TokenCounts::default();
+    counts.observe_prompt(&tokens[..prompt_len.min(tokens.len())]);
+    for &t in tokens.iter().skip(prompt_len) {
+        counts.observe_output(t);
+    }
+    counts
+}
