@@ -91,6 +91,8 @@ pub struct Subserver {
     sampler: Sampler,
     stats: SubserverStats,
     pending_clock: u64,
+    /// Requests taken out for the step in progress (to account for them if it panics).
+    running: Vec<RequestId>,
 }
 
 struct Row {
@@ -110,7 +112,26 @@ impl Subserver {
             sampler: Sampler::default(),
             stats: SubserverStats::default(),
             pending_clock: 0,
+            running: Vec::new(),
         }
+    }
+
+    /// Forgets every request (after a failed step their state cannot be trusted) and
+    /// returns their ids; their KV returns to the pool. The model stays loaded.
+    pub fn reset(&mut self) -> Vec<RequestId> {
+        let ids = self.resident_ids();
+        self.residents.clear();
+        self.ready.clear();
+        self.running.clear();
+        ids
+    }
+
+    pub fn config(&self) -> &SubserverConfig {
+        &self.config
+    }
+
+    pub fn rule(&self) -> &BatchingRule {
+        &self.rule
     }
 
     pub fn model(&self) -> ModelIndex {
@@ -180,9 +201,13 @@ impl Subserver {
         self.residents.remove(&id).is_some()
     }
 
-    /// Ids of every request held here (to end or resume them when this model fails).
+    /// Ids of every request held here, including any taken out by a step that did
+    /// not complete (to end or resume them when this model fails).
     pub fn resident_ids(&self) -> Vec<RequestId> {
-        self.residents.keys().copied().collect()
+        let mut ids: Vec<RequestId> = self.residents.keys().copied().chain(self.running.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Whether delayed batching lets a step start now.
@@ -246,6 +271,7 @@ impl Subserver {
         let started = Instant::now();
         let mut outcome = StepOutcome::default();
         let mut rows = self.take_batch();
+        self.running = rows.iter().map(|r| r.resident.spec.id).collect();
         let logits = loop {
             match self.forward(&mut rows) {
                 Ok(out) => break out,
@@ -276,6 +302,7 @@ impl Subserver {
             outcome.tokens_fed = rows.iter().map(|r| r.feed).sum();
             self.finish_rows(rows, &out, &mut outcome);
         }
+        self.running.clear();
         outcome.elapsed = started.elapsed();
         self.stats.steps += 1;
         self.stats.rows += outcome.rows as u64;

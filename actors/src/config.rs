@@ -1,0 +1,40 @@
+//! What an engine is started with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokenrouter_core::model::LoadOptions;
+use tokenrouter_core::policy::Policy;
+use tokenrouter_core::sched::BatchingRule;
+
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// Name requests and metrics use.
+    pub name: String,
+    /// A Hugging Face model folder.
+    pub path: PathBuf,
+    pub load: LoadOptions,
+}
+
+/// Per-subserver step limits.
+#[derive(Debug, Clone)]
+pub struct StepLimits {
+    pub max_batch_rows: usize,
+    pub prefill_chunk: usize,
+    pub step_token_budget: usize,
+}
+
+impl Default for StepLimits {
+    fn default() -> Self {
+        StepLimits { max_batch_rows: 64, prefill_chunk: 512, step_token_budget: 1024 }
+    }
+}
+
+#[derive(Clone)]
+pub struct EngineConfig {
+    pub models: Vec<ModelSpec>,
+    /// The policy a request gets when it names none.
+    pub default_policy: Arc<dyn Policy>,
+    pub batching: BatchingRule,
+    pub limits: StepLimits,
+}

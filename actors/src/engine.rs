@@ -1,0 +1,313 @@
+//! The engine: the library API (`start`, `generate`, `shutdown`) and the supervisor
+//! of the actor tree (one subserver per model, the KV manager, request actors).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokenrouter_core::model::{KvCapacity, ModelConfig};
+use tokenrouter_core::policy::Policy;
+use tokenrouter_core::sched::request::admit;
+use tokenrouter_core::sched::{BatchingRule, RequestId, RequestSpec, SubserverConfig};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::compute::{self, ComputeLinks, SubserverSnapshot};
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::events::{GenerateRequest, GenerationEvent};
+use crate::kv_manager::{KvManager, KvManagerArgs, KvMsg, KvUsage};
+use crate::registry::Registry;
+use crate::request::{RequestActor, RequestArgs, RequestMsg};
+use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
+
+/// State every request actor and the engine handle share.
+pub struct EngineShared {
+    names: Vec<String>,
+    configs: Vec<ModelConfig>,
+    subservers: Vec<ActorRef<SubserverMsg>>,
+    kv: ActorRef<KvMsg>,
+    registry: Registry,
+    /// Active request count; changes are broadcast under this lock so every
+    /// subserver sees them in order (a stale high N could deadlock thresholds).
+    active: Mutex<usize>,
+    next_id: AtomicU64,
+    default_policy: Arc<dyn Policy>,
+    shared_vocab: usize,
+    max_context: usize,
+    eos_ids: Vec<u32>,
+    closing: AtomicBool,
+}
+
+impl EngineShared {
+    pub fn model_count(&self) -> usize {
+        self.names.len()
+    }
+
+    fn change_active(&self, delta: isize) {
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        *active = active.saturating_add_signed(delta);
+        for s in &self.subservers {
+            let _ = s.send_message(SubserverMsg::SetActive(*active));
+        }
+        metrics::gauge!("tokenrouter_active_requests").set(*active as f64);
+    }
+
+    /// The request ended: free it on every model and in the KV budget.
+    pub(crate) fn release(&self, id: RequestId) {
+        self.registry.remove(id);
+        for s in &self.subservers {
+            let _ = s.send_message(SubserverMsg::Release(id));
+        }
+        let _ = self.kv.send_message(KvMsg::Release(id));
+        self.change_active(-1);
+    }
+}
+
+/// The root of the actor tree: it watches the subserver actors and the KV manager.
+struct Supervisor;
+
+impl Actor for Supervisor {
+    type Msg = ();
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(&self, _: ActorRef<()>, event: SupervisionEvent, _: &mut ()) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(who, why) = event {
+            tracing::error!(actor = ?who.get_name(), %why, "engine actor failed");
+        }
+        Ok(())
+    }
+}
+
+/// A running engine. Cloning shares it.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<EngineShared>,
+    root: ActorRef<()>,
+}
+
+impl Engine {
+    /// Loads every model on its own compute thread, then starts the actor tree.
+    pub async fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        if config.models.is_empty() {
+            return Err(EngineError::Config("at least one model is needed".into()));
+        }
+        config.batching.validate(config.models.len()).map_err(|e| EngineError::Config(e.to_string()))?;
+        tokenrouter_core::model::threads::configure(None);
+        let registry = Registry::default();
+        let peers = Arc::new(OnceLock::new());
+        let mut started = Vec::new();
+        for spec in &config.models {
+            let links = ComputeLinks { name: spec.name.clone(), peers: peers.clone(), registry: registry.clone() };
+            started.push(compute::spawn(spec.clone(), links));
+        }
+        let mut loaded = Vec::new();
+        for (_, ready, _) in &started {
+            let model = ready.recv_async().await.map_err(|_| EngineError::Internal("a compute thread died while loading".into()))??;
+            loaded.push(model);
+        }
+        let configs: Vec<ModelConfig> = loaded.iter().map(|l| l.config.clone()).collect();
+        let capacities: Vec<KvCapacity> = loaded.iter().map(|l| l.capacity).collect();
+        let shared_vocab = configs.iter().map(|c| c.vocab_size).min().expect("one model at least");
+        let max_context = configs.iter().map(|c| c.max_position_embeddings).min().expect("one model at least");
+        peers.set(started.iter().map(|(tx, _, _)| tx.clone()).collect()).ok();
+        for (m, (tx, _, _)) in started.iter().enumerate() {
+            let mut sub = SubserverConfig::new(m, config.models.len(), shared_vocab, max_context);
+            sub.max_batch_rows = config.limits.max_batch_rows;
+            sub.prefill_chunk = config.limits.prefill_chunk;
+            sub.step_token_budget = config.limits.step_token_budget;
+            let _ = tx.send(compute::ComputeMsg::Start(sub, config.batching.clone()));
+        }
+        let spawn_err = |e: ractor::SpawnErr| EngineError::Internal(e.to_string());
+        let (root, _) = Actor::spawn(None, Supervisor, ()).await.map_err(spawn_err)?;
+        let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
+        let mut subservers = Vec::new();
+        for (name, (tx, _, thread)) in names.iter().zip(started) {
+            let args = SubserverArgs { compute: tx, thread };
+            let (actor, _) = Actor::spawn_linked(None, SubserverActor, args, root.get_cell()).await.map_err(spawn_err)?;
+            tracing::info!(model = %name, "subserver up");
+            subservers.push(actor);
+        }
+        let kv_args = KvManagerArgs { model_names: names.clone(), capacity_tokens: capacities.iter().map(|c| c.total_tokens()).collect() };
+        let (kv, _) = Actor::spawn_linked(None, KvManager, kv_args, root.get_cell()).await.map_err(spawn_err)?;
+        let mut eos_ids: Vec<u32> = configs.iter().flat_map(|c| c.eos_token_ids.iter().copied()).collect();
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        let shared = Arc::new(EngineShared {
+            names,
+            configs,
+            subservers,
+            kv,
+            registry,
+            active: Mutex::new(0),
+            next_id: AtomicU64::new(1),
+            default_policy: config.default_policy,
+            shared_vocab,
+            max_context,
+            eos_ids,
+            closing: AtomicBool::new(false),
+        });
+        Ok(Engine { shared, root })
+    }
+
+    pub fn model_names(&self) -> &[String] {
+        &self.shared.names
+    }
+
+    pub fn model_configs(&self) -> &[ModelConfig] {
+        &self.shared.configs
+    }
+
+    pub fn shared_vocab(&self) -> usize {
+        self.shared.shared_vocab
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.shared.max_context
+    }
+
+    /// Submits a request; events arrive on the returned stream. Dropping the stream
+    /// cancels the request.
+    pub async fn generate(&self, request: GenerateRequest) -> Result<GenerationStream, EngineError> {
+        let s = &self.shared;
+        if s.closing.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.validate(&request)?;
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let prompt_len = request.prompt.len();
+        let max_tokens = request.max_tokens.min(s.max_context - prompt_len);
+        let tokens = prompt_len + max_tokens;
+        ractor::call!(s.kv, |reply| KvMsg::Admit { id, tokens, reply })
+            .map_err(|e| EngineError::Internal(format!("KV manager: {e}")))??;
+        let mut stop_ids = request.stop_ids.clone();
+        if !request.ignore_eos {
+            stop_ids.extend(&s.eos_ids);
+        }
+        let spec = Arc::new(RequestSpec {
+            id,
+            prompt: request.prompt,
+            max_tokens,
+            sampling: request.sampling,
+            stop_ids,
+            policy: request.policy.unwrap_or_else(|| s.default_policy.clone()),
+        });
+        let (client, events) = unbounded_channel();
+        let args = RequestArgs { id, prompt_len, client, shared: s.clone() };
+        let (actor, _) = match Actor::spawn(None, RequestActor, args).await {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                let _ = s.kv.send_message(KvMsg::Release(id));
+                return Err(EngineError::Internal(e.to_string()));
+            }
+        };
+        s.registry.insert(id, actor.clone());
+        s.change_active(1);
+        let (entry, arrival) = admit(spec, s.model_count());
+        let _ = s.subservers[entry].send_message(SubserverMsg::Admit(arrival));
+        Ok(GenerationStream { events, actor: Some(actor), id })
+    }
+
+    fn validate(&self, r: &GenerateRequest) -> Result<(), EngineError> {
+        let s = &self.shared;
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        if r.prompt.is_empty() {
+            return bad("the prompt is empty".into());
+        }
+        if r.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= s.shared_vocab) {
+            return bad(format!("token id {t} is outside the vocabulary (size {})", s.shared_vocab));
+        }
+        if r.prompt.len() >= s.max_context {
+            return bad(format!("the prompt has {} tokens; the context limit is {}", r.prompt.len(), s.max_context));
+        }
+        r.sampling.validate().map_err(|e| EngineError::InvalidRequest(e.to_string()))
+    }
+
+    /// Per-model snapshots: queues, thresholds, KV use, step statistics.
+    pub async fn stats(&self) -> Vec<SubserverSnapshot> {
+        let mut out = Vec::new();
+        for s in &self.shared.subservers {
+            if let Ok(Some(snapshot)) = ractor::call!(s, SubserverMsg::Stats) {
+                out.push(snapshot);
+            }
+        }
+        out
+    }
+
+    pub async fn kv_usage(&self) -> Option<KvUsage> {
+        ractor::call!(self.shared.kv, KvMsg::Usage).ok()
+    }
+
+    pub fn active_requests(&self) -> usize {
+        *self.shared.active.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the delayed-batching thresholds of every subserver.
+    pub fn set_batching(&self, rule: BatchingRule) -> Result<(), EngineError> {
+        rule.validate(self.shared.model_count()).map_err(|e| EngineError::Config(e.to_string()))?;
+        for s in &self.shared.subservers {
+            let _ = s.send_message(SubserverMsg::SetRule(rule.clone()));
+        }
+        Ok(())
+    }
+
+    /// Test hook: the next step of `model` panics, as a bug in model code would.
+    #[doc(hidden)]
+    pub fn inject_fault(&self, model: usize) {
+        let _ = self.shared.subservers[model].send_message(SubserverMsg::InjectPanic);
+    }
+
+    /// Stops admitting, ends in-flight requests with an error, stops every actor and
+    /// compute thread.
+    pub async fn shutdown(self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        self.shared.registry.for_each(|actor| {
+            let _ = actor.send_message(RequestMsg::Abort("the engine is shutting down".into()));
+        });
+        self.root.stop_children_and_wait(None, None).await;
+        self.root.stop(None);
+    }
+}
+
+/// The events of one request. Dropping it before the end cancels the request.
+pub struct GenerationStream {
+    events: UnboundedReceiver<GenerationEvent>,
+    actor: Option<ActorRef<RequestMsg>>,
+    id: RequestId,
+}
+
+impl GenerationStream {
+    pub fn request_id(&self) -> RequestId {
+        self.id
+    }
+}
+
+impl Stream for GenerationStream {
+    type Item = GenerationEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<GenerationEvent>> {
+        let poll = self.events.poll_recv(cx);
+        if let Poll::Ready(Some(GenerationEvent::Finished { .. } | GenerationEvent::Error { .. })) = &poll {
+            self.actor = None; // ended: nothing to cancel on drop
+        }
+        poll
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        if let Some(actor) = self.actor.take() {
+            let _ = actor.send_message(RequestMsg::Cancel);
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Where compute threads find the actor of a request to hand it its events.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use ractor::ActorRef;
+use tokenrouter_core::sched::{RequestEvent, RequestId};
+
+use crate::request::RequestMsg;
+
+#[derive(Clone, Default)]
+pub(crate) struct Registry {
+    requests: Arc<RwLock<HashMap<RequestId, ActorRef<RequestMsg>>>>,
+}
+
+impl Registry {
+    pub fn insert(&self, id: RequestId, actor: ActorRef<RequestMsg>) {
+        self.requests.write().unwrap_or_else(|p| p.into_inner()).insert(id, actor);
+    }
+
+    pub fn remove(&self, id: RequestId) {
+        self.requests.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
+    /// Delivers an event; events of requests that already ended are dropped.
+    pub fn send(&self, event: RequestEvent) {
+        let id = event.request_id();
+        let actor = self.requests.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+        if let Some(actor) = actor {
+            let _ = actor.send_message(RequestMsg::Event(event));
+        }
+    }
+
+    pub fn for_each(&self, mut f: impl FnMut(&ActorRef<RequestMsg>)) {
+        self.requests.read().unwrap_or_else(|p| p.into_inner()).values().for_each(|a| f(a));
+    }
+}

@@ -1,0 +1,234 @@
+//! The engine through its library API: routed serving equals the sequential
+//! reference, cancellation frees KV everywhere, a failing model ends what it held.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tempfile::TempDir;
+use tokenrouter_actors::{Engine, EngineConfig, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
+use tokenrouter_core::model::init::{write_random_model, InitOptions};
+use tokenrouter_core::model::presets::qwen3_shaped;
+use tokenrouter_core::model::sampler::SamplingParams;
+use tokenrouter_core::model::{CandleBackend, LoadOptions};
+use tokenrouter_core::policy::{policy_uniform, Decision, EntryRequest, ModelIndex, Policy, RouteRow};
+use tokenrouter_core::sched::reference::Reference;
+use tokenrouter_core::sched::{BatchingRule, RequestSpec};
+
+const VOCAB: usize = 400;
+
+/// Random routing with p = 0.3 for one token; a stand-in until the built-ins land.
+struct Hop(f64);
+
+impl Policy for Hop {
+    fn name(&self) -> &str {
+        "hop"
+    }
+    fn entry_model(&self, _: &mut EntryRequest<'_>) -> ModelIndex {
+        0
+    }
+    fn route(&self, rows: &mut [RouteRow<'_>]) -> Vec<Decision> {
+        rows.iter()
+            .map(|r| match r.model {
+                0 if policy_uniform(r.state.seed, r.position(), 7) < self.0 => Decision::Move { to: 1, commit: false },
+                0 => Decision::Stay,
+                _ => Decision::Move { to: 0, commit: true },
+            })
+            .collect()
+    }
+}
+
+struct Models {
+    dirs: Vec<TempDir>,
+}
+
+fn models(hidden: &[usize]) -> Models {
+    let dirs = hidden
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| {
+            let dir = TempDir::new().unwrap();
+            let config = qwen3_shaped(h, 2, 4, 2, 2 * h, VOCAB);
+            write_random_model(&config, &InitOptions { seed: 40 + i as u64, std: 0.2 }, dir.path()).unwrap();
+            dir
+        })
+        .collect();
+    Models { dirs }
+}
+
+fn load_options() -> LoadOptions {
+    LoadOptions { block_size: 8, kv_budget_bytes: 16 << 20, ..LoadOptions::default() }
+}
+
+fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> EngineConfig {
+    EngineConfig {
+        models: m
+            .dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: load_options() })
+            .collect(),
+        default_policy: policy,
+        batching: BatchingRule::fixed(thresholds),
+        limits: StepLimits { prefill_chunk: 16, ..StepLimits::default() },
+    }
+}
+
+fn request(i: u64) -> GenerateRequest {
+    let prompt: Vec<u32> = (0..(3 + i * 5) % 29 + 2).map(|k| ((k * 13 + i * 31) % VOCAB as u64) as u32).collect();
+    let mut r = GenerateRequest::new(prompt, 10 + (i as usize * 3) % 11);
+    r.sampling = SamplingParams { temperature: if i % 3 == 0 { 0.0 } else { 0.8 }, top_p: 0.95, seed: 1000 + i, ..SamplingParams::default() };
+    r.ignore_eos = true;
+    r
+}
+
+async fn collect(engine: &Engine, r: GenerateRequest) -> (Vec<(u32, ModelIndex)>, GenerationEvent) {
+    let mut stream = engine.generate(r).await.unwrap();
+    let mut tokens = Vec::new();
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(60), stream.next()).await.expect("no hang") {
+        match event {
+            GenerationEvent::Token { token, model, .. } => tokens.push((token, model)),
+            end => return (tokens, end),
+        }
+    }
+    panic!("stream ended without a final event");
+}
+
+fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64, Vec<(u32, ModelIndex, f32)>> {
+    let mut backends: Vec<CandleBackend> = m.dirs.iter().map(|d| CandleBackend::load(d.path(), &load_options()).unwrap()).collect();
+    let mut reference = Reference { models: backends.iter_mut().map(|b| b as &mut dyn tokenrouter_core::model::Backend).collect(), shared_vocab: VOCAB, max_context: 4096 };
+    (0..n)
+        .map(|i| {
+            let r = request(i);
+            // The engine's seeds and stop ids come from the same request fields.
+            let spec = RequestSpec { id: i, prompt: r.prompt, max_tokens: r.max_tokens, sampling: r.sampling, stop_ids: vec![], policy: policy.clone() };
+            let out = reference.run(&spec).unwrap();
+            (i, out.tokens.iter().map(|t| (t.token, t.model, t.top2_gap)).collect())
+        })
+        .collect()
+}
+
+/// Equal token for token, except where the reference's top-2 gap is float noise
+/// (then the rest of that output may legitimately differ).
+fn assert_matches(got: &[(u32, ModelIndex)], want: &[(u32, ModelIndex, f32)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        if (g.0, g.1) != (w.0, w.1) {
+            assert!(w.2 < 1e-4, "{what}: token {k} differs ({g:?} vs {w:?}) with top-2 gap {}", w.2);
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_routed_requests_equal_the_sequential_reference() {
+    let m = models(&[48, 64]);
+    let policy: Arc<dyn Policy> = Arc::new(Hop(0.3));
+    let want = reference_outputs(&m, policy.clone(), 16);
+    for (thresholds, order) in [([1, 1], (0..16).collect::<Vec<u64>>()), ([2, 2], (0..16).rev().collect()), ([3, 1], vec![5, 3, 11, 0, 15, 2, 9, 1, 14, 4, 8, 12, 6, 13, 7, 10])] {
+        let engine = Engine::start(engine_config(&m, policy.clone(), &thresholds)).await.unwrap();
+        let tasks: Vec<_> = order
+            .iter()
+            .map(|&i| {
+                let engine = engine.clone();
+                tokio::spawn(async move { (i, collect(&engine, request(i)).await) })
+            })
+            .collect();
+        for task in tasks {
+            let (i, (tokens, end)) = task.await.unwrap();
+            assert!(matches!(end, GenerationEvent::Finished { .. }), "{end:?}");
+            assert_matches(&tokens, &want[&i], &format!("request {i}, thresholds {thresholds:?}"));
+        }
+        let stats = engine.stats().await;
+        assert!(stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks), "{stats:?}");
+        assert!(stats[1].stats.handoffs_in > 0);
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_mid_stream_frees_every_kv_block() {
+    let m = models(&[48, 64]);
+    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.5)), &[1, 1])).await.unwrap();
+    let mut streams = Vec::new();
+    for i in 0..6 {
+        let mut r = request(i);
+        r.max_tokens = 400;
+        let mut s = engine.generate(r).await.unwrap();
+        // Read a few tokens so each request is mid-generation, holding KV on both models.
+        for _ in 0..5 {
+            s.next().await.unwrap();
+        }
+        streams.push(s);
+    }
+    let busy = engine.stats().await;
+    assert!(busy.iter().all(|s| s.kv.free_blocks < s.kv.total_blocks), "{busy:?}");
+    drop(streams);
+    let mut freed = false;
+    for _ in 0..200 {
+        let stats = engine.stats().await;
+        if stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks && s.ready == 0 && s.pending == 0) && engine.active_requests() == 0 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "{:?}", engine.stats().await);
+    assert_eq!(engine.kv_usage().await.unwrap().reserved_tokens, 0);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_model_ends_the_requests_it_held_and_keeps_serving() {
+    let m = models(&[48, 64]);
+    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.3)), &[1, 1])).await.unwrap();
+    let mut streams = Vec::new();
+    for i in 0..4 {
+        let mut r = request(i);
+        r.max_tokens = 300;
+        streams.push(engine.generate(r).await.unwrap());
+    }
+    for s in streams.iter_mut() {
+        s.next().await.unwrap();
+    }
+    engine.inject_fault(0);
+    let mut errors = 0;
+    for mut s in streams {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(60), s.next()).await.expect("no request hangs") {
+                Some(GenerationEvent::Token { .. }) => continue,
+                Some(GenerationEvent::Error { message, .. }) => {
+                    assert!(message.contains("m0"), "{message}");
+                    errors += 1;
+                    break;
+                }
+                Some(GenerationEvent::Finished { .. }) => break,
+                None => panic!("stream ended without a final event"),
+            }
+        }
+    }
+    assert!(errors > 0, "the fault hit requests on m0");
+    // The model restarted: new requests are served.
+    let (tokens, end) = collect(&engine, request(9)).await;
+    assert!(matches!(end, GenerationEvent::Finished { .. }) && !tokens.is_empty());
+    assert_eq!(engine.stats().await[0].restarts, 1);
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_with_reasons() {
+    let m = models(&[48]);
+    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.0)), &[1])).await.unwrap();
+    let err = |r: GenerateRequest| {
+        let engine = engine.clone();
+        async move { engine.generate(r).await.err().expect("refused").to_string() }
+    };
+    assert!(err(GenerateRequest::new(vec![], 4)).await.contains("empty"));
+    assert!(err(GenerateRequest::new(vec![1], 0)).await.contains("max_tokens"));
+    assert!(err(GenerateRequest::new(vec![VOCAB as u32], 4)).await.contains("vocabulary"));
+    let mut r = GenerateRequest::new(vec![1], 4);
+    r.sampling.temperature = -1.0;
+    assert!(err(r).await.contains("emperature"));
+    engine.shutdown().await;
+}
