@@ -51,6 +51,8 @@ pub(crate) struct Loaded {
 
 pub(crate) struct ComputeLinks {
     pub name: String,
+    /// Every model's name, by index (for per-peer metrics).
+    pub model_names: Vec<String>,
     pub peers: Arc<OnceLock<Vec<Sender<ComputeMsg>>>>,
     pub registry: Registry,
 }
@@ -197,7 +199,10 @@ impl ComputeLoop {
         metrics::histogram!("tokenrouter_step_seconds", "model" => model.clone()).record(outcome.elapsed.as_secs_f64());
         metrics::histogram!("tokenrouter_batch_rows", "model" => model.clone()).record(outcome.rows as f64);
         metrics::counter!("tokenrouter_tokens_fed_total", "model" => model.clone()).increment(outcome.tokens_fed as u64);
-        metrics::counter!("tokenrouter_handoffs_out_total", "model" => model.clone()).increment(outcome.handoffs.len() as u64);
+        for (to, _) in &outcome.handoffs {
+            let peer = self.links.model_names.get(*to).cloned().unwrap_or_default();
+            metrics::counter!("tokenrouter_handoffs_total", "from" => model.clone(), "to" => peer).increment(1);
+        }
         let committed = outcome.events.iter().filter(|e| matches!(e, RequestEvent::Token { .. })).count();
         metrics::counter!("tokenrouter_tokens_generated_total", "model" => model.clone()).increment(committed as u64);
         let kv = self.sub.backend().kv_capacity();

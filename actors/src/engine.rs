@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 
 use futures::Stream;
@@ -46,6 +46,10 @@ impl EngineShared {
         self.names.len()
     }
 
+    pub fn model_name(&self, index: usize) -> &str {
+        &self.names[index]
+    }
+
     fn change_active(&self, delta: isize) {
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         *active = active.saturating_add_signed(delta);
@@ -66,8 +70,12 @@ impl EngineShared {
     }
 }
 
-/// The root of the actor tree: it watches the subserver actors and the KV manager.
-struct Supervisor;
+/// The root of the actor tree: it watches the subserver actors, the KV manager and
+/// the request actors. A request actor that fails is released like any ended request
+/// (its client's stream then ends), so its KV never leaks.
+struct Supervisor {
+    shared: Arc<OnceLock<Weak<EngineShared>>>,
+}
 
 impl Actor for Supervisor {
     type Msg = ();
@@ -80,7 +88,11 @@ impl Actor for Supervisor {
 
     async fn handle_supervisor_evt(&self, _: ActorRef<()>, event: SupervisionEvent, _: &mut ()) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(who, why) = event {
-            tracing::error!(actor = ?who.get_name(), %why, "engine actor failed");
+            tracing::error!(actor = ?who.get_id(), %why, "engine actor failed");
+            let shared = self.shared.get().and_then(Weak::upgrade);
+            if let Some(id) = shared.as_ref().and_then(|s| s.registry.request_of(who.get_id())) {
+                shared.expect("found through it").release(id);
+            }
         }
         Ok(())
     }
@@ -105,7 +117,12 @@ impl Engine {
         let peers = Arc::new(OnceLock::new());
         let mut started = Vec::new();
         for spec in &config.models {
-            let links = ComputeLinks { name: spec.name.clone(), peers: peers.clone(), registry: registry.clone() };
+            let links = ComputeLinks {
+                name: spec.name.clone(),
+                model_names: config.models.iter().map(|m| m.name.clone()).collect(),
+                peers: peers.clone(),
+                registry: registry.clone(),
+            };
             started.push(compute::spawn(spec.clone(), links));
         }
         let mut loaded = Vec::new();
@@ -126,7 +143,8 @@ impl Engine {
             let _ = tx.send(compute::ComputeMsg::Start(sub, config.batching.clone()));
         }
         let spawn_err = |e: ractor::SpawnErr| EngineError::Internal(e.to_string());
-        let (root, _) = Actor::spawn(None, Supervisor, ()).await.map_err(spawn_err)?;
+        let supervised = Arc::new(OnceLock::new());
+        let (root, _) = Actor::spawn(None, Supervisor { shared: supervised.clone() }, ()).await.map_err(spawn_err)?;
         let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
         let mut subservers = Vec::new();
         for (name, (tx, _, thread)) in names.iter().zip(started) {
@@ -154,6 +172,7 @@ impl Engine {
             eos_ids,
             closing: AtomicBool::new(false),
         });
+        supervised.set(Arc::downgrade(&shared)).ok();
         Ok(Engine { shared, root })
     }
 
@@ -201,7 +220,7 @@ impl Engine {
         });
         let (client, events) = unbounded_channel();
         let args = RequestArgs { id, prompt_len, client, shared: s.clone() };
-        let (actor, _) = match Actor::spawn(None, RequestActor, args).await {
+        let (actor, _) = match Actor::spawn_linked(None, RequestActor, args, self.root.get_cell()).await {
             Ok(spawned) => spawned,
             Err(e) => {
                 let _ = s.kv.send_message(KvMsg::Release(id));
@@ -265,6 +284,12 @@ impl Engine {
     #[doc(hidden)]
     pub fn inject_fault(&self, model: usize) {
         let _ = self.shared.subservers[model].send_message(SubserverMsg::InjectPanic);
+    }
+
+    /// Test hook: the actor of request `id` panics on its next message.
+    #[doc(hidden)]
+    pub fn inject_request_fault(&self, id: RequestId) {
+        self.shared.registry.send_raw(id, RequestMsg::InjectPanic);
     }
 
     /// Stops admitting, ends in-flight requests with an error, stops every actor and

@@ -22,6 +22,19 @@ impl Registry {
         self.requests.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
+    /// The request whose actor is `actor`, if it is still registered.
+    pub fn request_of(&self, actor: ractor::ActorId) -> Option<RequestId> {
+        let map = self.requests.read().unwrap_or_else(|p| p.into_inner());
+        map.iter().find(|(_, a)| a.get_id() == actor).map(|(id, _)| *id)
+    }
+
+    pub fn send_raw(&self, id: RequestId, msg: RequestMsg) {
+        let actor = self.requests.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+        if let Some(actor) = actor {
+            let _ = actor.send_message(msg);
+        }
+    }
+
     /// Delivers an event; events of requests that already ended are dropped.
     pub fn send(&self, event: RequestEvent) {
         let id = event.request_id();

@@ -3,6 +3,7 @@
 //! the KV manager to let the request go.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokenrouter_core::sched::{RequestEvent, RequestId};
@@ -17,6 +18,8 @@ pub enum RequestMsg {
     Cancel,
     /// The engine ends the request (e.g. shutting down).
     Abort(String),
+    /// Test hook: fail as a bug in this actor would.
+    InjectPanic,
 }
 
 pub struct RequestActor;
@@ -30,6 +33,7 @@ pub struct RequestArgs {
 
 pub struct RequestState {
     id: RequestId,
+    submitted: Instant,
     client: UnboundedSender<GenerationEvent>,
     committed: Vec<u32>,
     usage: Usage,
@@ -45,6 +49,7 @@ impl Actor for RequestActor {
         let models = args.shared.model_count();
         Ok(RequestState {
             id: args.id,
+            submitted: Instant::now(),
             client: args.client,
             committed: Vec::new(),
             usage: Usage { prompt_tokens: args.prompt_len, tokens_per_model: vec![0; models], ..Usage::default() },
@@ -60,6 +65,9 @@ impl Actor for RequestActor {
                     let message = format!("internal: token {index} arrived after {} tokens", s.committed.len());
                     end_with_error(s, message)
                 } else {
+                    if s.committed.is_empty() {
+                        metrics::histogram!("tokenrouter_request_ttft_seconds").record(s.submitted.elapsed().as_secs_f64());
+                    }
                     s.committed.push(token);
                     s.usage.completion_tokens += 1;
                     if let Some(n) = s.usage.tokens_per_model.get_mut(model) {
@@ -79,13 +87,24 @@ impl Actor for RequestActor {
             }
             RequestMsg::Event(RequestEvent::Failed { message, .. }) | RequestMsg::Abort(message) => end_with_error(s, message),
             RequestMsg::Cancel => true,
+            RequestMsg::InjectPanic => panic!("injected request-actor fault"),
         };
         if ended {
+            record_usage(s);
             s.shared.release(s.id);
             me.stop(None);
         }
         Ok(())
     }
+}
+
+fn record_usage(s: &RequestState) {
+    metrics::histogram!("tokenrouter_request_latency_seconds").record(s.submitted.elapsed().as_secs_f64());
+    for (model, &n) in s.usage.tokens_per_model.iter().enumerate() {
+        let name = s.shared.model_name(model).to_string();
+        metrics::histogram!("tokenrouter_request_tokens", "model" => name).record(n as f64);
+    }
+    metrics::histogram!("tokenrouter_request_switches").record(s.usage.switches as f64);
 }
 
 fn end_with_error(s: &mut RequestState, message: String) -> bool {

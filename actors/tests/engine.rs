@@ -232,3 +232,30 @@ async fn bad_requests_are_refused_with_reasons() {
     assert!(err(r).await.contains("emperature"));
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_request_actor_ends_its_stream_and_frees_its_kv() {
+    let m = models(&[48, 64]);
+    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.3)), &[1, 1])).await.unwrap();
+    let mut r = request(1);
+    r.max_tokens = 300;
+    let mut stream = engine.generate(r).await.unwrap();
+    stream.next().await.unwrap();
+    engine.inject_request_fault(stream.request_id());
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("no hang") {
+            Some(GenerationEvent::Token { .. }) => continue,
+            None => break,
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    for _ in 0..200 {
+        let stats = engine.stats().await;
+        if stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks) && engine.active_requests() == 0 {
+            engine.shutdown().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("KV not freed: {:?}", engine.stats().await);
+}
