@@ -11,32 +11,23 @@ use tokenrouter_actors::{Engine, EngineConfig, GenerateRequest, GenerationEvent,
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::qwen3_shaped;
 use tokenrouter_core::model::sampler::SamplingParams;
+use tokenrouter_core::model::generate::generate;
 use tokenrouter_core::model::{CandleBackend, LoadOptions};
-use tokenrouter_core::policy::{policy_uniform, Decision, EntryRequest, ModelIndex, Policy, RouteRow};
+use tokenrouter_core::policy::{self, ModelIndex, ModelInfo, Policy, PolicyContext};
 use tokenrouter_core::sched::reference::Reference;
 use tokenrouter_core::sched::{BatchingRule, RequestSpec};
 
 const VOCAB: usize = 400;
+/// Normalized entropy threshold that splits these random models' tokens between both.
+const RSTITCH_TAU: f64 = 0.82;
 
-/// Random routing with p = 0.3 for one token; a stand-in until the built-ins land.
-struct Hop(f64);
+fn policy(name: &str, params: serde_json::Value, models: usize) -> Arc<dyn Policy> {
+    let infos: Vec<ModelInfo> = (0..models).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: VOCAB }).collect();
+    policy::build(name, &params, &infos, &PolicyContext::default()).unwrap()
+}
 
-impl Policy for Hop {
-    fn name(&self) -> &str {
-        "hop"
-    }
-    fn entry_model(&self, _: &mut EntryRequest<'_>) -> ModelIndex {
-        0
-    }
-    fn route(&self, rows: &mut [RouteRow<'_>]) -> Vec<Decision> {
-        rows.iter()
-            .map(|r| match r.model {
-                0 if policy_uniform(r.state.seed, r.position(), 7) < self.0 => Decision::Move { to: 1, commit: false },
-                0 => Decision::Stay,
-                _ => Decision::Move { to: 0, commit: true },
-            })
-            .collect()
-    }
+fn random(p: f64) -> Arc<dyn Policy> {
+    policy("random", serde_json::json!({ "p": p }), 2)
 }
 
 struct Models {
@@ -121,13 +112,14 @@ fn assert_matches(got: &[(u32, ModelIndex)], want: &[(u32, ModelIndex, f32)], wh
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_routed_requests_equal_the_sequential_reference() {
-    let m = models(&[48, 64]);
-    let policy: Arc<dyn Policy> = Arc::new(Hop(0.3));
-    let want = reference_outputs(&m, policy.clone(), 16);
-    for (thresholds, order) in [([1, 1], (0..16).collect::<Vec<u64>>()), ([2, 2], (0..16).rev().collect()), ([3, 1], vec![5, 3, 11, 0, 15, 2, 9, 1, 14, 4, 8, 12, 6, 13, 7, 10])] {
-        let engine = Engine::start(engine_config(&m, policy.clone(), &thresholds)).await.unwrap();
+/// 16 concurrent requests under several thresholds and arrival orders give the
+/// reference's tokens, produced by the same models.
+async fn check_against_reference(m: &Models, policy: Arc<dyn Policy>, cases: &[(Vec<usize>, Vec<u64>)]) {
+    let want = reference_outputs(m, policy.clone(), 16);
+    let models_used: std::collections::HashSet<ModelIndex> = want.values().flatten().map(|t| t.1).collect();
+    assert_eq!(models_used.len(), m.dirs.len(), "every model produces some tokens: {models_used:?}");
+    for (thresholds, order) in cases {
+        let engine = Engine::start(engine_config(m, policy.clone(), thresholds)).await.unwrap();
         let tasks: Vec<_> = order
             .iter()
             .map(|&i| {
@@ -142,15 +134,54 @@ async fn concurrent_routed_requests_equal_the_sequential_reference() {
         }
         let stats = engine.stats().await;
         assert!(stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks), "{stats:?}");
-        assert!(stats[1].stats.handoffs_in > 0);
+        assert!(stats.iter().all(|s| s.stats.handoffs_in > 0), "{stats:?}");
         engine.shutdown().await;
     }
+}
+
+fn cases(models: usize) -> Vec<(Vec<usize>, Vec<u64>)> {
+    let shuffled = vec![5, 3, 11, 0, 15, 2, 9, 1, 14, 4, 8, 12, 6, 13, 7, 10];
+    let mut three_one = vec![1; models];
+    three_one[0] = 3;
+    vec![(vec![1; models], (0..16).collect()), (vec![2; models], (0..16).rev().collect()), (three_one, shuffled)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_policy_serving_equals_the_sequential_reference() {
+    check_against_reference(&models(&[48, 64]), random(0.3), &cases(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rstitch_serving_equals_the_sequential_reference() {
+    let rstitch = policy("rstitch", serde_json::json!({ "tau": RSTITCH_TAU }), 2);
+    check_against_reference(&models(&[48, 64]), rstitch, &cases(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensemble_of_three_serving_equals_the_sequential_reference() {
+    let me = policy("me", serde_json::json!({ "weights": [0.5, 0.3, 0.2] }), 3);
+    check_against_reference(&models(&[48, 64, 80]), me, &cases(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_small_equals_plain_small_model_generation() {
+    let m = models(&[48, 64]);
+    let engine = Engine::start(engine_config(&m, policy("always", serde_json::json!({ "model": 0 }), 2), &[1, 1])).await.unwrap();
+    let mut small = CandleBackend::load(m.dirs[0].path(), &load_options()).unwrap();
+    for i in 0..4 {
+        let r = request(i);
+        let plain = generate(&mut small, &r.prompt, r.max_tokens, &r.sampling, &[]).unwrap().token_ids();
+        let (tokens, _) = collect(&engine, r).await;
+        assert_eq!(tokens.iter().map(|t| t.0).collect::<Vec<_>>(), plain, "request {i}");
+        assert!(tokens.iter().all(|t| t.1 == 0));
+    }
+    engine.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_mid_stream_frees_every_kv_block() {
     let m = models(&[48, 64]);
-    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.5)), &[1, 1])).await.unwrap();
+    let engine = Engine::start(engine_config(&m, random(0.5), &[1, 1])).await.unwrap();
     let mut streams = Vec::new();
     for i in 0..6 {
         let mut r = request(i);
@@ -182,7 +213,7 @@ async fn cancelling_mid_stream_frees_every_kv_block() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_model_ends_the_requests_it_held_and_keeps_serving() {
     let m = models(&[48, 64]);
-    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.3)), &[1, 1])).await.unwrap();
+    let engine = Engine::start(engine_config(&m, random(0.3), &[1, 1])).await.unwrap();
     let mut streams = Vec::new();
     for i in 0..4 {
         let mut r = request(i);
@@ -219,7 +250,7 @@ async fn a_panicking_model_ends_the_requests_it_held_and_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_with_reasons() {
     let m = models(&[48]);
-    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.0)), &[1])).await.unwrap();
+    let engine = Engine::start(engine_config(&m, random(0.0), &[1])).await.unwrap();
     let err = |r: GenerateRequest| {
         let engine = engine.clone();
         async move { engine.generate(r).await.err().expect("refused").to_string() }
@@ -236,7 +267,7 @@ async fn bad_requests_are_refused_with_reasons() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_request_actor_ends_its_stream_and_frees_its_kv() {
     let m = models(&[48, 64]);
-    let engine = Engine::start(engine_config(&m, Arc::new(Hop(0.3)), &[1, 1])).await.unwrap();
+    let engine = Engine::start(engine_config(&m, random(0.3), &[1, 1])).await.unwrap();
     let mut r = request(1);
     r.max_tokens = 300;
     let mut stream = engine.generate(r).await.unwrap();
@@ -259,3 +290,4 @@ async fn a_failing_request_actor_ends_its_stream_and_frees_its_kv() {
     }
     panic!("KV not freed: {:?}", engine.stats().await);
 }
+

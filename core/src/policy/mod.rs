@@ -9,6 +9,33 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod citer;
+pub mod colm;
+pub mod delegate;
+pub mod ensemble;
+pub mod error;
+pub mod glimprouter;
+pub mod logits;
+mod params;
+pub mod query;
+pub mod r2r;
+pub mod random;
+pub mod registry;
+pub mod rstitch;
+pub mod weights;
+
+pub use citer::{CiterDelegate, CiterRouter};
+pub use colm::ColmDelegate;
+pub use delegate::{BinaryAdapter, DelegatePolicy, ModelPair};
+pub use ensemble::Ensemble;
+pub use error::PolicyError;
+pub use glimprouter::GlimpRouter;
+pub use query::{Always, QueryLevel, QueryRule};
+pub use r2r::{R2rDelegate, R2rRouter, R2rShape};
+pub use random::RandomDelegate;
+pub use registry::{build, PolicyContext, POLICY_NAMES};
+pub use rstitch::RStitch;
+
 /// Index of a model in the engine's model list (the order of the config).
 pub type ModelIndex = usize;
 
@@ -89,6 +116,12 @@ pub trait Policy: Send + Sync {
     /// Whether rows on `model` must carry their last hidden state.
     fn needs_hidden(&self, _model: ModelIndex) -> bool {
         false
+    }
+
+    /// A logit index of `model` that is not a token, so the sampler must never draw it
+    /// (Co-LLM's `<|defer|>` slot). Default: none.
+    fn reserved_logit(&self, _model: ModelIndex) -> Option<usize> {
+        None
     }
 
     /// One decision per row, in order. Rows all ran on the same model in one step.

@@ -8,7 +8,7 @@ use crate::model::sampler::{sample, TokenCounts};
 use crate::model::{Backend, KvSeq, Result, RowInput};
 use crate::policy::{Decision, EntryRequest, ModelIndex, RouteRow};
 
-use super::request::{FinishReason, RequestSpec};
+use super::request::{sampling_logits, FinishReason, RequestSpec};
 
 #[derive(Debug, Clone)]
 pub struct ReferenceToken {
@@ -57,7 +57,9 @@ impl Reference<'_> {
             let want_hidden = spec.policy.needs_hidden(model);
             let (logits, hidden) = self.step(model, &mut kvs[model], &sequence, want_hidden)?;
             let logits = &logits[..self.shared_vocab];
-            let sampled = sample(logits, &spec.sampling, &counts, out.len() as u64);
+            let mut scratch = Vec::new();
+            let drawable = sampling_logits(logits, spec.policy.reserved_logit(model), &mut scratch);
+            let sampled = sample(drawable, &spec.sampling, &counts, out.len() as u64);
             let output: Vec<u32> = out.iter().map(|t| t.token).collect();
             let decision = spec.policy.route(&mut [RouteRow {
                 request_id: spec.id,

@@ -117,3 +117,17 @@ pub fn admit(spec: Arc<RequestSpec>, num_models: usize) -> (ModelIndex, Arrival)
     };
     (entry, arrival)
 }
+
+/// The logits the sampler draws from: a policy may reserve a logit that is not a
+/// token (Co-LLM's defer slot), which must never be drawn.
+pub fn sampling_logits<'a>(logits: &'a [f32], reserved: Option<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    match reserved.filter(|&i| i < logits.len()) {
+        None => logits,
+        Some(i) => {
+            scratch.clear();
+            scratch.extend_from_slice(logits);
+            scratch[i] = f32::NEG_INFINITY;
+            scratch
+        }
+    }
+}

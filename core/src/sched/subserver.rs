@@ -16,7 +16,7 @@ use crate::model::{Backend, ModelError, RowInput};
 use crate::policy::{Decision, ModelIndex, RouteRow};
 
 use super::batching::BatchingRule;
-use super::request::{Arrival, RequestEvent, RequestId, RequestSpec, Travel};
+use super::request::{sampling_logits, Arrival, RequestEvent, RequestId, RequestSpec, Travel};
 use super::resident::{Resident, Status};
 
 #[derive(Debug, Clone)]
@@ -357,7 +357,9 @@ impl Subserver {
                 self.put_back_ready(r, false);
                 continue;
             }
-            let logits = &out.row_logits(i)[..vocab];
+            let reserved = r.spec.policy.reserved_logit(self.config.model);
+            let mut scratch = Vec::new();
+            let logits = sampling_logits(&out.row_logits(i)[..vocab], reserved, &mut scratch);
             let sampled = self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.output_len as u64);
             complete.push((i, r, sampled));
         }
