@@ -20,7 +20,9 @@ use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent};
 use crate::kv_manager::{KvManager, KvManagerArgs, KvMsg, KvUsage};
 use crate::registry::Registry;
-use crate::request::{RequestActor, RequestArgs, RequestMsg};
+use crate::request::{RequestActor, RequestArgs, RequestMsg, TextStream};
+use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
+use tokenrouter_core::tokenize::{shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError};
 use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
 
 /// State every request actor and the engine handle share.
@@ -39,6 +41,8 @@ pub struct EngineShared {
     max_context: usize,
     eos_ids: Vec<u32>,
     closing: AtomicBool,
+    tokenizer: Option<TextTokenizer>,
+    tokenizer_actor: Option<ActorRef<TokenizerMsg>>,
 }
 
 impl EngineShared {
@@ -155,7 +159,13 @@ impl Engine {
         }
         let kv_args = KvManagerArgs { model_names: names.clone(), capacity_tokens: capacities.iter().map(|c| c.total_tokens()).collect() };
         let (kv, _) = Actor::spawn_linked(None, KvManager, kv_args, root.get_cell()).await.map_err(spawn_err)?;
+        let tokenizer = shared_tokenizer(&config)?;
+        let tokenizer_actor = match &tokenizer {
+            Some(t) => Some(Actor::spawn_linked(None, TokenizerActor, t.clone(), root.get_cell()).await.map_err(spawn_err)?.0),
+            None => None,
+        };
         let mut eos_ids: Vec<u32> = configs.iter().flat_map(|c| c.eos_token_ids.iter().copied()).collect();
+        eos_ids.extend(tokenizer.iter().flat_map(|t| t.eos_token_ids().iter().copied()));
         eos_ids.sort_unstable();
         eos_ids.dedup();
         let shared = Arc::new(EngineShared {
@@ -171,6 +181,8 @@ impl Engine {
             max_context,
             eos_ids,
             closing: AtomicBool::new(false),
+            tokenizer,
+            tokenizer_actor,
         });
         supervised.set(Arc::downgrade(&shared)).ok();
         Ok(Engine { shared, root })
@@ -218,8 +230,16 @@ impl Engine {
             stop_ids,
             policy: request.policy.unwrap_or_else(|| s.default_policy.clone()),
         });
+        let text = match &s.tokenizer {
+            Some(tok) => Some(TextStream {
+                decoder: StreamDecoder::with_context(tok.clone(), request.skip_special_tokens, &spec.prompt)
+                    .map_err(|e| EngineError::Internal(e.to_string()))?,
+                stops: StopMatcher::new(request.stop.clone()),
+            }),
+            None => None,
+        };
         let (client, events) = unbounded_channel();
-        let args = RequestArgs { id, prompt_len, client, shared: s.clone() };
+        let args = RequestArgs { id, prompt_len, client, shared: s.clone(), text, deadline: request.deadline };
         let (actor, _) = match Actor::spawn_linked(None, RequestActor, args, self.root.get_cell()).await {
             Ok(spawned) => spawned,
             Err(e) => {
@@ -246,10 +266,44 @@ impl Engine {
         if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= s.shared_vocab) {
             return bad(format!("token id {t} is outside the vocabulary (size {})", s.shared_vocab));
         }
+        if !r.stop.is_empty() && s.tokenizer.is_none() {
+            return bad("stop strings need a tokenizer; this engine's models have none".into());
+        }
+        if r.stop.iter().any(|x| x.is_empty()) {
+            return bad("stop strings must not be empty".into());
+        }
         if r.prompt.len() >= s.max_context {
             return bad(format!("the prompt has {} tokens; the context limit is {}", r.prompt.len(), s.max_context));
         }
         r.sampling.validate().map_err(|e| EngineError::InvalidRequest(e.to_string()))
+    }
+
+    /// The engine's tokenizer (shared by its models), if their folders have one.
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.shared.tokenizer.as_ref()
+    }
+
+    /// Encodes text through the tokenizer actor.
+    pub async fn encode(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
+        let actor = self.tokenizer_actor()?;
+        ractor::call!(actor, |reply| TokenizerMsg::Encode { text, add_special_tokens, reply })
+            .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+            .map_err(tokenize_error)
+    }
+
+    /// Renders a conversation with the chat template and encodes it.
+    pub async fn chat(&self, messages: Vec<ChatMessage>, options: RenderOptions) -> Result<RenderedChat, EngineError> {
+        let actor = self.tokenizer_actor()?;
+        ractor::call!(actor, |reply| TokenizerMsg::Chat { messages, options, reply })
+            .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+            .map_err(tokenize_error)
+    }
+
+    fn tokenizer_actor(&self) -> Result<&ActorRef<TokenizerMsg>, EngineError> {
+        self.shared
+            .tokenizer_actor
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidRequest("this engine's models have no tokenizer: send token ids".into()))
     }
 
     /// Per-model snapshots: queues, thresholds, KV use, step statistics.
@@ -302,6 +356,33 @@ impl Engine {
         self.root.stop_children_and_wait(None, None).await;
         self.root.stop(None);
     }
+}
+
+fn tokenize_error(e: TokenizeError) -> EngineError {
+    if e.is_client_error() {
+        EngineError::InvalidRequest(e.to_string())
+    } else {
+        EngineError::Internal(e.to_string())
+    }
+}
+
+/// The tokenizer of the engine's models. Models must agree on the ids they share;
+/// padding of embedding tables beyond the tokenizer is fine (logits are sliced).
+fn shared_tokenizer(config: &EngineConfig) -> Result<Option<TextTokenizer>, EngineError> {
+    let mut found: Vec<TextTokenizer> = Vec::new();
+    for m in &config.models {
+        if m.path.join("tokenizer.json").is_file() {
+            let t = TextTokenizer::from_folder(&m.path).map_err(|e| EngineError::ModelLoad { model: m.name.clone(), message: e.to_string() })?;
+            found.push(t);
+        }
+    }
+    for other in found.iter().skip(1) {
+        shared_vocab_check(&found[0], other).map_err(|e| EngineError::Config(format!("the models do not share a tokenizer: {e}")))?;
+    }
+    if !found.is_empty() && found.len() < config.models.len() {
+        tracing::warn!("some model folders have no tokenizer.json; using the one found");
+    }
+    Ok(found.into_iter().next())
 }
 
 /// The events of one request. Dropping it before the end cancels the request.

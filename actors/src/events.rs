@@ -18,11 +18,28 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// This request's policy; the engine's default when `None`.
     pub policy: Option<Arc<dyn Policy>>,
+    /// Stop strings, matched on the streamed text across token boundaries; the text
+    /// returned ends before the stop string.
+    pub stop: Vec<String>,
+    /// Drop special tokens from the streamed text.
+    pub skip_special_tokens: bool,
+    /// The request ends with an error once this much time has passed.
+    pub deadline: Option<std::time::Duration>,
 }
 
 impl GenerateRequest {
     pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
-        GenerateRequest { prompt, max_tokens, sampling: SamplingParams::default(), stop_ids: Vec::new(), ignore_eos: false, policy: None }
+        GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop_ids: Vec::new(),
+            ignore_eos: false,
+            policy: None,
+            stop: Vec::new(),
+            skip_special_tokens: true,
+            deadline: None,
+        }
     }
 }
 
@@ -38,7 +55,11 @@ pub struct Usage {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerationEvent {
-    Token { index: usize, token: u32, model: ModelIndex, logprob: Option<f32>, top_logprobs: Vec<(u32, f32)> },
-    Finished { reason: FinishReason, usage: Usage },
+    /// A committed token; `text` is the text it completes (empty while a UTF-8
+    /// character or a possible stop string is still being held back, and always
+    /// empty when the engine has no tokenizer).
+    Token { index: usize, token: u32, model: ModelIndex, logprob: Option<f32>, top_logprobs: Vec<(u32, f32)>, text: String },
+    /// The end; `text` is whatever was held back until now.
+    Finished { reason: FinishReason, usage: Usage, text: String, stop: Option<String> },
     Error { message: String, usage: Usage },
 }

@@ -12,6 +12,7 @@ pub mod kv_manager;
 mod registry;
 pub mod request;
 pub mod subserver;
+pub mod tokenizer;
 
 pub use compute::SubserverSnapshot;
 pub use config::{EngineConfig, ModelSpec, StepLimits};

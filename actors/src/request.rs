@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokenrouter_core::sched::{RequestEvent, RequestId};
+use tokenrouter_core::sched::{FinishReason, RequestEvent, RequestId};
+use tokenrouter_core::tokenize::{StopMatcher, StopStep, StreamDecoder};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::engine::EngineShared;
@@ -29,6 +30,29 @@ pub struct RequestArgs {
     pub prompt_len: usize,
     pub client: UnboundedSender<GenerationEvent>,
     pub shared: Arc<EngineShared>,
+    pub text: Option<TextStream>,
+    pub deadline: Option<std::time::Duration>,
+}
+
+/// Tokens to text for the client: incremental detokenization that never splits a
+/// character, then stop strings matched across token boundaries.
+pub struct TextStream {
+    pub decoder: StreamDecoder,
+    pub stops: StopMatcher,
+}
+
+impl TextStream {
+    fn push(&mut self, token: u32) -> Result<StopStep, String> {
+        let delta = self.decoder.step(token).map_err(|e| e.to_string())?;
+        Ok(self.stops.push(&delta))
+    }
+
+    fn flush(&mut self) -> String {
+        let tail = self.decoder.finish().unwrap_or_default();
+        let mut text = self.stops.push(&tail).text;
+        text.push_str(&self.stops.finish());
+        text
+    }
 }
 
 pub struct RequestState {
@@ -38,6 +62,7 @@ pub struct RequestState {
     committed: Vec<u32>,
     usage: Usage,
     shared: Arc<EngineShared>,
+    text: Option<TextStream>,
 }
 
 impl Actor for RequestActor {
@@ -45,8 +70,11 @@ impl Actor for RequestActor {
     type State = RequestState;
     type Arguments = RequestArgs;
 
-    async fn pre_start(&self, _: ActorRef<RequestMsg>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
+    async fn pre_start(&self, me: ActorRef<RequestMsg>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
         let models = args.shared.model_count();
+        if let Some(limit) = args.deadline {
+            me.send_after(limit, move || RequestMsg::Abort(format!("deadline of {:.1}s exceeded", limit.as_secs_f64())));
+        }
         Ok(RequestState {
             id: args.id,
             submitted: Instant::now(),
@@ -54,6 +82,7 @@ impl Actor for RequestActor {
             committed: Vec::new(),
             usage: Usage { prompt_tokens: args.prompt_len, tokens_per_model: vec![0; models], ..Usage::default() },
             shared: args.shared,
+            text: args.text,
         })
     }
 
@@ -73,8 +102,19 @@ impl Actor for RequestActor {
                     if let Some(n) = s.usage.tokens_per_model.get_mut(model) {
                         *n += 1;
                     }
+                    let step = match s.text.as_mut().map(|t| t.push(token)).transpose() {
+                        Ok(step) => step,
+                        Err(message) => return finish(me, s, Some(message)),
+                    };
+                    let (text, stop) = step.map(|st| (st.text, st.stop)).unwrap_or_default();
                     // A failed send means the client is gone: stop working for it.
-                    s.client.send(GenerationEvent::Token { index, token, model, logprob, top_logprobs }).is_err()
+                    let gone = s.client.send(GenerationEvent::Token { index, token, model, logprob, top_logprobs, text }).is_err();
+                    if let Some(stop) = stop {
+                        let usage = s.usage.clone();
+                        let event = GenerationEvent::Finished { reason: FinishReason::Stop, usage, text: String::new(), stop: Some(stop.stop) };
+                        let _ = s.client.send(event);
+                    }
+                    gone || s.text.as_ref().is_some_and(|t| t.stops.is_stopped())
                 }
             }
             RequestMsg::Event(RequestEvent::Moved { .. }) => {
@@ -82,7 +122,8 @@ impl Actor for RequestActor {
                 false
             }
             RequestMsg::Event(RequestEvent::Finished { reason, .. }) => {
-                let _ = s.client.send(GenerationEvent::Finished { reason, usage: s.usage.clone() });
+                let text = s.text.as_mut().map(TextStream::flush).unwrap_or_default();
+                let _ = s.client.send(GenerationEvent::Finished { reason, usage: s.usage.clone(), text, stop: None });
                 true
             }
             RequestMsg::Event(RequestEvent::Failed { message, .. }) | RequestMsg::Abort(message) => end_with_error(s, message),
@@ -90,12 +131,22 @@ impl Actor for RequestActor {
             RequestMsg::InjectPanic => panic!("injected request-actor fault"),
         };
         if ended {
-            record_usage(s);
-            s.shared.release(s.id);
-            me.stop(None);
+            return finish(me, s, None);
         }
         Ok(())
     }
+}
+
+/// Ends the request (with an error to the client first, if given) and lets it go
+/// everywhere.
+fn finish(me: ActorRef<RequestMsg>, s: &mut RequestState, error: Option<String>) -> Result<(), ActorProcessingErr> {
+    if let Some(message) = error {
+        end_with_error(s, message);
+    }
+    record_usage(s);
+    s.shared.release(s.id);
+    me.stop(None);
+    Ok(())
 }
 
 fn record_usage(s: &RequestState) {
