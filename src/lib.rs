@@ -4,4 +4,5 @@
 
 pub mod cli;
 
+pub use tokenrouter_actors as actors;
 pub use tokenrouter_core as core;

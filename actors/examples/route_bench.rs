@@ -23,6 +23,10 @@ struct Args {
     output: usize,
     p: f64,
     thresholds: Vec<usize>,
+    /// Which runs: routed, large, sequential.
+    runs: Vec<String>,
+    /// Threads of each model's own pool in routed runs (e.g. 1,1); shared pool if unset.
+    split: Option<Vec<usize>>,
 }
 
 fn parse() -> Args {
@@ -35,6 +39,8 @@ fn parse() -> Args {
         output: 256,
         p: 0.15,
         thresholds: vec![1, 1],
+        runs: vec!["routed".into(), "large".into(), "sequential".into()],
+        split: None,
     };
     while let Some(flag) = it.next() {
         let value = it.next().expect("flag value");
@@ -44,14 +50,16 @@ fn parse() -> Args {
             "--output" => args.output = value.parse().unwrap(),
             "--p" => args.p = value.parse().unwrap(),
             "--thresholds" => args.thresholds = value.split(',').map(|v| v.parse().unwrap()).collect(),
+            "--runs" => args.runs = value.split(',').map(String::from).collect(),
+            "--split" => args.split = Some(value.split(',').map(|v| v.parse().unwrap()).collect()),
             other => panic!("unknown flag {other}"),
         }
     }
     args
 }
 
-fn spec(name: &str, path: &PathBuf) -> ModelSpec {
-    ModelSpec { name: name.into(), path: path.clone(), load: LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() } }
+fn spec(name: &str, path: &PathBuf, threads: Option<usize>) -> ModelSpec {
+    ModelSpec { name: name.into(), path: path.clone(), load: LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() }, threads }
 }
 
 struct Run {
@@ -108,7 +116,19 @@ async fn run(label: &str, config: EngineConfig, requests: usize, clients: usize,
         tokens_per_model.iter_mut().zip(per).for_each(|(a, b)| *a += b);
     }
     let elapsed = started.elapsed();
-    let busy = engine.stats().await.iter().map(|s| (s.model.clone(), s.stats.busy.as_secs_f64() / elapsed.as_secs_f64())).collect();
+    let stats = engine.stats().await;
+    for s in &stats {
+        let st = &s.stats;
+        println!(
+            "  {label} / {}: {} steps, {:.1} rows/step, {:.1} ms/step, {:.1} tokens fed/step",
+            s.model,
+            st.steps,
+            st.rows as f64 / st.steps.max(1) as f64,
+            st.busy.as_secs_f64() * 1e3 / st.steps.max(1) as f64,
+            st.tokens_fed as f64 / st.steps.max(1) as f64
+        );
+    }
+    let busy = stats.iter().map(|s| (s.model.clone(), s.stats.busy.as_secs_f64() / elapsed.as_secs_f64())).collect();
     engine.shutdown().await;
     Run { label: label.into(), tokens, elapsed, busy, tokens_per_model }
 }
@@ -116,7 +136,11 @@ async fn run(label: &str, config: EngineConfig, requests: usize, clients: usize,
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let a = parse();
-    let models = |dirs: &[(&str, &PathBuf)]| dirs.iter().map(|(n, p)| spec(n, p)).collect::<Vec<_>>();
+    let split = a.split.clone();
+    let models = |dirs: &[(&str, &PathBuf)]| {
+        let threads = |i: usize| split.as_ref().filter(|_| dirs.len() > 1).map(|s| s[i]);
+        dirs.iter().enumerate().map(|(i, (n, p))| spec(n, p, threads(i))).collect::<Vec<_>>()
+    };
     let infos = |n: usize| (0..n).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: 0 }).collect::<Vec<_>>();
     let random: Arc<dyn Policy> =
         policy::build("random", &serde_json::json!({ "p": a.p }), &infos(2), &PolicyContext::default()).expect("random policy");
@@ -136,9 +160,17 @@ async fn main() {
     };
     let n = a.concurrency;
     let mut runs = Vec::new();
-    runs.push(run(&format!("routed p={} B={:?}, {n} clients", a.p, a.thresholds), routed(&a.thresholds), n, n, &a).await);
-    runs.push(run(&format!("large only, {n} clients"), large_only, n, n, &a).await);
-    runs.push(run("routed, one request at a time", routed(&[1, 1]), n.min(4), 1, &a).await);
+    let wants = |r: &str| a.runs.iter().any(|x| x == r);
+    if wants("routed") {
+        let label = format!("routed p={} B={:?} threads {:?}, {n} clients", a.p, a.thresholds, a.split);
+        runs.push(run(&label, routed(&a.thresholds), n, n, &a).await);
+    }
+    if wants("large") {
+        runs.push(run(&format!("large only, {n} clients"), large_only, n, n, &a).await);
+    }
+    if wants("sequential") {
+        runs.push(run("routed, one request at a time", routed(&[1, 1]), n.min(4), 1, &a).await);
+    }
     println!("\n{:<42} {:>8} {:>9} {:>10}  busy fraction per model; tokens per model", "run", "tokens", "seconds", "tokens/s");
     for r in &runs {
         let busy: Vec<String> = r.busy.iter().map(|(m, f)| format!("{m} {:.0}%", 100.0 * f)).collect();
@@ -152,7 +184,8 @@ async fn main() {
             r.tokens_per_model
         );
     }
-    let base = runs[0].tokens as f64 / runs[0].elapsed.as_secs_f64();
+    let Some(first) = runs.first() else { return };
+    let base = first.tokens as f64 / first.elapsed.as_secs_f64();
     for r in &runs[1..] {
         println!("routed vs {}: {:.2}x", r.label, base / (r.tokens as f64 / r.elapsed.as_secs_f64()));
     }

@@ -76,11 +76,26 @@ pub(crate) fn spawn(
             };
             let _ = loaded_tx.send(Ok(Loaded { config: backend.config().clone(), capacity: backend.kv_capacity() }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
-                ComputeLoop { sub: Subserver::new(config, Box::new(backend), rule), links, restarts: 0, panic_next: false }.run(&rx);
+                let work = ComputeLoop { sub: Subserver::new(config, Box::new(backend), rule), links, restarts: 0, panic_next: false };
+                match own_pool(spec.threads) {
+                    Some(pool) => pool.install(|| work.run(&rx)),
+                    None => work.run(&rx),
+                }
             }
         })
         .expect("spawning a compute thread");
     (tx, loaded_rx, handle)
+}
+
+fn own_pool(threads: Option<usize>) -> Option<rayon::ThreadPool> {
+    let n = threads?;
+    match rayon::ThreadPoolBuilder::new().num_threads(n).build() {
+        Ok(pool) => Some(pool),
+        Err(e) => {
+            tracing::warn!(%e, "cannot build a model thread pool; sharing the process pool");
+            None
+        }
+    }
 }
 
 struct ComputeLoop {

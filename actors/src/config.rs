@@ -14,6 +14,10 @@ pub struct ModelSpec {
     /// A Hugging Face model folder.
     pub path: PathBuf,
     pub load: LoadOptions,
+    /// Compute threads of this model's own pool; `None` shares the process pool.
+    /// On a small CPU, pinning models to disjoint thread sets stops their steps from
+    /// time-slicing each other.
+    pub threads: Option<usize>,
 }
 
 /// Per-subserver step limits.

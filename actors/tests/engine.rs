@@ -58,7 +58,7 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
             .dirs
             .iter()
             .enumerate()
-            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: load_options() })
+            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: load_options(), threads: None })
             .collect(),
         default_policy: policy,
         batching: BatchingRule::fixed(thresholds),

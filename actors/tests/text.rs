@@ -44,7 +44,7 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
         models: dirs
             .iter()
             .enumerate()
-            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() } })
+            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() }, threads: None })
             .collect(),
         default_policy: policy::build(name, &params, &infos, &PolicyContext::default()).unwrap(),
         batching: BatchingRule::eager(dirs.len()),
