@@ -152,7 +152,7 @@ async fn main() {
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits::default(),
     };
-    let large_only = EngineConfig {
+    let large_only = || EngineConfig {
         models: models(&[("large", &a.large)]),
         default_policy: always.clone(),
         batching: BatchingRule::fixed(&[1]),
@@ -166,10 +166,13 @@ async fn main() {
         runs.push(run(&label, routed(&a.thresholds), n, n, &a).await);
     }
     if wants("large") {
-        runs.push(run(&format!("large only, {n} clients"), large_only, n, n, &a).await);
+        runs.push(run(&format!("large only, {n} clients"), large_only(), n, n, &a).await);
     }
     if wants("sequential") {
         runs.push(run("routed, one request at a time", routed(&[1, 1]), n.min(4), 1, &a).await);
+    }
+    if wants("large-sequential") {
+        runs.push(run("large only, one request at a time", large_only(), n.min(4), 1, &a).await);
     }
     println!("\n{:<42} {:>8} {:>9} {:>10}  busy fraction per model; tokens per model", "run", "tokens", "seconds", "tokens/s");
     for r in &runs {

@@ -220,6 +220,11 @@ impl ComputeLoop {
         }
         let committed = outcome.events.iter().filter(|e| matches!(e, RequestEvent::Token { .. })).count();
         metrics::counter!("tokenrouter_tokens_generated_total", "model" => model.clone()).increment(committed as u64);
+        let st = self.sub.stats();
+        let decided = st.tokens_committed + st.handoffs_out;
+        if decided > 0 {
+            metrics::gauge!("tokenrouter_routed_fraction", "model" => model.clone()).set(st.handoffs_out as f64 / decided as f64);
+        }
         let kv = self.sub.backend().kv_capacity();
         metrics::gauge!("tokenrouter_kv_blocks_used", "model" => model.clone()).set(kv.used_blocks() as f64);
         metrics::gauge!("tokenrouter_kv_blocks_total", "model" => model.clone()).set(kv.total_blocks as f64);

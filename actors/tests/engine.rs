@@ -196,18 +196,21 @@ async fn cancelling_mid_stream_frees_every_kv_block() {
     let busy = engine.stats().await;
     assert!(busy.iter().all(|s| s.kv.free_blocks < s.kv.total_blocks), "{busy:?}");
     drop(streams);
-    let mut freed = false;
+    wait_until_everything_is_freed(&engine).await;
+    engine.shutdown().await;
+}
+
+/// Releases travel as messages: poll until every model holds nothing.
+async fn wait_until_everything_is_freed(engine: &Engine) {
     for _ in 0..200 {
         let stats = engine.stats().await;
-        if stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks && s.ready == 0 && s.pending == 0) && engine.active_requests() == 0 {
-            freed = true;
-            break;
+        let idle = stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks && s.ready == 0 && s.pending == 0);
+        if idle && engine.active_requests() == 0 && engine.kv_usage().await.unwrap().reserved_tokens == 0 {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(freed, "{:?}", engine.stats().await);
-    assert_eq!(engine.kv_usage().await.unwrap().reserved_tokens, 0);
-    engine.shutdown().await;
+    panic!("not freed: {:?}", engine.stats().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,14 +283,7 @@ async fn a_failing_request_actor_ends_its_stream_and_frees_its_kv() {
             Some(other) => panic!("unexpected {other:?}"),
         }
     }
-    for _ in 0..200 {
-        let stats = engine.stats().await;
-        if stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks) && engine.active_requests() == 0 {
-            engine.shutdown().await;
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("KV not freed: {:?}", engine.stats().await);
+    wait_until_everything_is_freed(&engine).await;
+    engine.shutdown().await;
 }
 
