@@ -29,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
         default_policy: Arc::clone(&random),
         batching: BatchingRule::eager(2),
         limits: StepLimits::default(),
+        exclusive_compute: false,
     })
     .await?;
 

@@ -27,6 +27,8 @@ struct Args {
     runs: Vec<String>,
     /// Threads of each model's own pool in routed runs (e.g. 1,1); shared pool if unset.
     split: Option<Vec<usize>>,
+    /// Models take turns on the cores instead of stepping concurrently.
+    exclusive: bool,
 }
 
 fn parse() -> Args {
@@ -41,6 +43,7 @@ fn parse() -> Args {
         thresholds: vec![1, 1],
         runs: vec!["routed".into(), "large".into(), "sequential".into()],
         split: None,
+        exclusive: false,
     };
     while let Some(flag) = it.next() {
         let value = it.next().expect("flag value");
@@ -51,6 +54,7 @@ fn parse() -> Args {
             "--p" => args.p = value.parse().unwrap(),
             "--thresholds" => args.thresholds = value.split(',').map(|v| v.parse().unwrap()).collect(),
             "--runs" => args.runs = value.split(',').map(String::from).collect(),
+            "--exclusive" => args.exclusive = value.parse().unwrap(),
             "--split" => args.split = Some(value.split(',').map(|v| v.parse().unwrap()).collect()),
             other => panic!("unknown flag {other}"),
         }
@@ -151,18 +155,20 @@ async fn main() {
         default_policy: random.clone(),
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits::default(),
+        exclusive_compute: a.exclusive,
     };
     let large_only = || EngineConfig {
         models: models(&[("large", &a.large)]),
         default_policy: always.clone(),
         batching: BatchingRule::fixed(&[1]),
         limits: StepLimits::default(),
+        exclusive_compute: false,
     };
     let n = a.concurrency;
     let mut runs = Vec::new();
     let wants = |r: &str| a.runs.iter().any(|x| x == r);
     if wants("routed") {
-        let label = format!("routed p={} B={:?} threads {:?}, {n} clients", a.p, a.thresholds, a.split);
+        let label = format!("routed p={} B={:?}{}, {n} clients", a.p, a.thresholds, if a.exclusive { " turns" } else { "" });
         runs.push(run(&label, routed(&a.thresholds), n, n, &a).await);
     }
     if wants("large") {

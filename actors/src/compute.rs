@@ -55,6 +55,8 @@ pub(crate) struct ComputeLinks {
     pub model_names: Vec<String>,
     pub peers: Arc<OnceLock<Vec<Sender<ComputeMsg>>>>,
     pub registry: Registry,
+    /// Held for the duration of a step when models take turns on shared cores.
+    pub turn: Option<Arc<parking_lot::Mutex<()>>>,
 }
 
 /// Starts the thread; it loads the model and reports on `loaded` before serving.
@@ -166,6 +168,8 @@ impl ComputeLoop {
 
     fn step(&mut self) {
         let inject = std::mem::take(&mut self.panic_next);
+        let turn = self.links.turn.clone();
+        let guard = turn.as_ref().map(|t| t.lock());
         let sub = &mut self.sub;
         let result = catch_unwind(AssertUnwindSafe(|| {
             if inject {
@@ -173,6 +177,10 @@ impl ComputeLoop {
             }
             sub.step()
         }));
+        // Fair hand-over: a waiting model gets the next turn.
+        if let Some(guard) = guard {
+            parking_lot::MutexGuard::unlock_fair(guard);
+        }
         match result {
             Ok(outcome) => self.dispatch(outcome),
             Err(_) => self.restart(),

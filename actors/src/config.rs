@@ -41,4 +41,8 @@ pub struct EngineConfig {
     pub default_policy: Arc<dyn Policy>,
     pub batching: BatchingRule,
     pub limits: StepLimits,
+    /// Let one model step at a time (taking turns fairly). Where models share the
+    /// same few cores, concurrent steps only time-slice each other and thrash the
+    /// caches; on separate devices leave it off.
+    pub exclusive_compute: bool,
 }

@@ -119,6 +119,7 @@ impl Engine {
         tokenrouter_core::model::threads::configure(None);
         let registry = Registry::default();
         let peers = Arc::new(OnceLock::new());
+        let turn = config.exclusive_compute.then(|| Arc::new(parking_lot::Mutex::new(())));
         let mut started = Vec::new();
         for spec in &config.models {
             let links = ComputeLinks {
@@ -126,6 +127,7 @@ impl Engine {
                 model_names: config.models.iter().map(|m| m.name.clone()).collect(),
                 peers: peers.clone(),
                 registry: registry.clone(),
+                turn: turn.clone(),
             };
             started.push(compute::spawn(spec.clone(), links));
         }

@@ -63,6 +63,7 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
         default_policy: policy,
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits { prefill_chunk: 16, ..StepLimits::default() },
+        exclusive_compute: false,
     }
 }
 

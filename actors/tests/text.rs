@@ -49,6 +49,7 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
         default_policy: policy::build(name, &params, &infos, &PolicyContext::default()).unwrap(),
         batching: BatchingRule::eager(dirs.len()),
         limits: StepLimits::default(),
+        exclusive_compute: false,
     }
 }
 
