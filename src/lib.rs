@@ -3,6 +3,9 @@
 //! `tokenrouter-core`.
 
 pub mod cli;
+pub mod config;
+pub mod dashboard;
+pub mod http;
 
 pub use tokenrouter_actors as actors;
 pub use tokenrouter_core as core;

@@ -218,6 +218,9 @@ impl Engine {
         let prompt_len = request.prompt.len();
         let max_tokens = request.max_tokens.min(s.max_context - prompt_len);
         let tokens = prompt_len + max_tokens;
+        // Held until the request actor owns the reservation: if this future is dropped
+        // (the client left while waiting for KV), the reservation is given back.
+        let mut reservation = Reservation { kv: s.kv.clone(), id, armed: true };
         ractor::call!(s.kv, |reply| KvMsg::Admit { id, tokens, reply })
             .map_err(|e| EngineError::Internal(format!("KV manager: {e}")))??;
         let mut stop_ids = request.stop_ids.clone();
@@ -242,14 +245,11 @@ impl Engine {
         };
         let (client, events) = unbounded_channel();
         let args = RequestArgs { id, prompt_len, client, shared: s.clone(), text, deadline: request.deadline };
-        let (actor, _) = match Actor::spawn_linked(None, RequestActor, args, self.root.get_cell()).await {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                let _ = s.kv.send_message(KvMsg::Release(id));
-                return Err(EngineError::Internal(e.to_string()));
-            }
-        };
+        let (actor, _) = Actor::spawn_linked(None, RequestActor, args, self.root.get_cell())
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
         s.registry.insert(id, actor.clone());
+        reservation.armed = false;
         s.change_active(1);
         let (entry, arrival) = admit(spec, s.model_count());
         let _ = s.subservers[entry].send_message(SubserverMsg::Admit(arrival));
@@ -385,6 +385,21 @@ fn shared_tokenizer(config: &EngineConfig) -> Result<Option<TextTokenizer>, Engi
         tracing::warn!("some model folders have no tokenizer.json; using the one found");
     }
     Ok(found.into_iter().next())
+}
+
+/// A KV reservation not yet owned by a request actor.
+struct Reservation {
+    kv: ActorRef<KvMsg>,
+    id: RequestId,
+    armed: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.kv.send_message(KvMsg::Release(self.id));
+        }
+    }
 }
 
 /// The events of one request. Dropping it before the end cancels the request.

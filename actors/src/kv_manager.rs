@@ -81,9 +81,10 @@ impl Actor for KvManager {
                 if let Some((i, &capacity)) = state.capacity.iter().enumerate().find(|(_, &c)| tokens > c) {
                     let _ = reply.send(Err(EngineError::TooLarge { needed: tokens, capacity, model: state.names[i].clone() }));
                 } else if state.waiting.is_empty() && state.fits(tokens) {
-                    state.reserved += tokens;
-                    state.reservations.insert(id, tokens);
-                    let _ = reply.send(Ok(()));
+                    if reply.send(Ok(())).is_ok() {
+                        state.reserved += tokens;
+                        state.reservations.insert(id, tokens);
+                    }
                 } else {
                     state.waiting.push_back((id, tokens, reply));
                 }

@@ -3,6 +3,7 @@
 mod generate_cmd;
 mod model_cmd;
 mod profile_cmd;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -18,8 +19,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Serve the OpenAI-compatible API (not built yet).
-    Serve(ServeArgs),
+    /// Serve the OpenAI-compatible API (the built-in demo pair without --config).
+    Serve(serve::ServeArgs),
     /// Make or inspect model folders.
     #[command(subcommand)]
     Model(model_cmd::ModelCommand),
@@ -29,22 +30,11 @@ pub enum Command {
     Profile(profile_cmd::ProfileArgs),
 }
 
-#[derive(clap::Args, Debug)]
-pub struct ServeArgs {
-    /// YAML configuration file.
-    #[arg(long)]
-    pub config: Option<std::path::PathBuf>,
-}
-
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let threads = tokenrouter_core::model::threads::configure(cli.threads);
     tracing::debug!(threads, "compute threads");
     match cli.command {
-        Command::Serve(_) => {
-            println!("tokenrouter serve: not yet — the HTTP server lands with the server issue.");
-            println!("Meanwhile: `tokenrouter model init --preset tiny --out DIR` and `tokenrouter generate --model DIR`.");
-            Ok(())
-        }
+        Command::Serve(args) => serve::run(args),
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Generate(args) => generate_cmd::run(args),
         Command::Profile(args) => profile_cmd::run(args, threads),

@@ -1,0 +1,131 @@
+//! `tokenrouter serve`: config (or the built-in demo) → models → engine → HTTP, and a
+//! graceful stop on SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tokenrouter_actors::Engine;
+use tokenrouter_core::policy::Policy;
+
+use crate::config::{self, ModelCache, PolicyCatalog, ServerConfig};
+use crate::http::{self, ApiError, AppState, Limits, PolicyResolver, RoutingRequest};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// YAML configuration file; without it, the built-in demo pair.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Overrides `server.host`.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Overrides `server.port` (0 picks a free port).
+    #[arg(long)]
+    pub port: Option<u16>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => ServerConfig::load(path)?,
+        None => config::demo_config(),
+    };
+    if let Some(host) = args.host {
+        config.server.host = host;
+    }
+    if let Some(port) = args.port {
+        config.server.port = port;
+    }
+    // Before the engine starts: metrics recorded without a recorder are lost.
+    let metrics = http::install_metrics_recorder()?;
+    let progress = indicatif::MultiProgress::new();
+    let cache = ModelCache::from_env();
+    let prepared = tokio::task::block_in_place(|| config.prepare(&cache, Some(&progress)))?;
+    if let Some(t) = &prepared.preset_tokenizer {
+        println!("tokenizer: {}", t.source);
+    }
+    let spinner = progress.add(indicatif::ProgressBar::new_spinner());
+    spinner.set_message(format!("loading {} model(s)", prepared.engine.models.len()));
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let engine = Engine::start(prepared.engine.clone()).await.context("starting the engine")?;
+    spinner.finish_and_clear();
+    print_models(&engine).await;
+
+    let limits = Limits {
+        max_body_bytes: config.server.max_body_bytes,
+        max_queued_requests: config.server.max_queued_requests,
+        max_tokens_limit: config.max_tokens_limit(engine.max_context()),
+        shutdown_grace: Duration::from_secs(config.server.shutdown_grace_secs),
+        ..Limits::default()
+    };
+    let resolver = CatalogResolver(Arc::new(prepared.catalog));
+    let served = engine.model_names().join("+");
+    let state = AppState::new(Arc::new(engine.clone()), Arc::new(resolver))
+        .with_limits(limits)
+        .with_api_keys(config.server.api_keys.clone())
+        .with_served_model(served)
+        .with_metrics(metrics);
+    let server = http::run_server(state, config.server.address(), shutdown_signal()).await?;
+    println!("tokenrouter listening on http://{}  (dashboard: http://{}/dashboard)", server.addr(), server.addr());
+    server.wait().await?;
+    engine.shutdown().await;
+    say("tokenrouter stopped");
+    Ok(())
+}
+
+/// A status line that never fails the server (stdout may be a closed pipe).
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+async fn print_models(engine: &Engine) {
+    let stats = engine.stats().await;
+    for (config, name) in engine.model_configs().iter().zip(engine.model_names()) {
+        let kv = stats.iter().find(|s| &s.model == name).map(|s| s.kv);
+        println!(
+            "model {name}: {} {:.1}M parameters, {} layers, vocab {}, context {}, KV {} tokens",
+            config.arch.hf_class(),
+            config.num_parameters() as f64 / 1e6,
+            config.num_layers,
+            config.vocab_size,
+            config.max_position_embeddings,
+            kv.map(|k| k.total_tokens()).unwrap_or(0)
+        );
+    }
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    say("shutting down: no new requests; in-flight ones get the grace period");
+}
+
+/// A request's `routing` object, checked against the policies the config allows.
+struct CatalogResolver(Arc<PolicyCatalog>);
+
+impl PolicyResolver for CatalogResolver {
+    fn resolve(&self, routing: Option<&RoutingRequest>) -> Result<Option<Arc<dyn Policy>>, ApiError> {
+        let Some(r) = routing.filter(|r| r.policy.is_some() || r.params.is_some()) else { return Ok(None) };
+        self.0
+            .resolve(r.policy.as_deref(), r.params.as_ref())
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some(e.param())))
+    }
+}

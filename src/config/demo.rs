@@ -1,0 +1,29 @@
+//! The built-in demo that `tokenrouter serve` runs without a config file: two
+//! random-weight Qwen3-shaped models (the `tiny` and `small` presets) routed by the
+//! `random` policy. `config/demo.yaml` is the same configuration as a file.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection};
+use super::ServerConfig;
+
+/// The demo: `small` (the `tiny` preset, seed 1) and `large` (the `small` preset,
+/// seed 2), policy `random` with p = 0.2; requests may pick `rstitch`, `random` or
+/// `always`. On first use `prepare` writes both models into the cache (about 40 MB and
+/// 410 MB with the Qwen3 tokenizer, a few seconds).
+pub fn demo_config() -> ServerConfig {
+    ServerConfig {
+        models: vec![ModelEntry::preset("small", Preset::Tiny, 1), ModelEntry::preset("large", Preset::Small, 2)],
+        policy: PolicySection {
+            name: "random".to_string(),
+            params: json!({ "p": 0.2 }),
+            seed: 0,
+            allowed: ["rstitch", "random", "always"].into_iter().map(AllowedPolicy::named).collect(),
+        },
+        scheduler: SchedulerSection::default(),
+        server: ServerSection::default(),
+        base_dir: PathBuf::from("."),
+    }
+}

@@ -1,0 +1,201 @@
+//! From a checked config to what the server starts with: model folders (presets written
+//! into the cache), the engine's config, and the catalog of per-request policies.
+
+use std::path::PathBuf;
+
+use indicatif::MultiProgress;
+use serde_json::Value;
+use tokenrouter_actors::{EngineConfig, ModelSpec, StepLimits};
+use tokenrouter_core::model::presets::{self, QWEN3_VOCAB};
+use tokenrouter_core::model::{LoadOptions, ModelConfig};
+use tokenrouter_core::policy::{self, ModelInfo, PolicyContext, PolicyError};
+
+use super::cache::ModelCache;
+use super::catalog::PolicyCatalog;
+use super::error::{ConfigError, Problems};
+use super::tokenizer::DemoTokenizer;
+use super::ServerConfig;
+
+/// Policies whose parameters are checked against the models' folders.
+const READS_MODEL_FOLDERS: &[&str] = &["r2r", "glimprouter"];
+
+/// Everything the server needs from its config.
+pub struct Prepared {
+    pub engine: EngineConfig,
+    /// The per-request policies; its default is `engine.default_policy` (the same object).
+    pub catalog: PolicyCatalog,
+    /// Each model's folder, in engine order.
+    pub model_dirs: Vec<PathBuf>,
+    /// Each model's architecture as read from its folder.
+    pub model_configs: Vec<ModelConfig>,
+    /// The tokenizer preset models were made with (`None` without presets).
+    pub preset_tokenizer: Option<DemoTokenizer>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("models", &self.engine.models)
+            .field("catalog", &self.catalog)
+            .field("model_dirs", &self.model_dirs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerConfig {
+    /// Writes preset models that are not in the cache yet (showing progress under
+    /// `progress`), reads every model's config.json, and builds the policies, the
+    /// batching rule and the engine config. Nothing is loaded into memory yet:
+    /// `Engine::start(prepared.engine)` does that.
+    pub fn prepare(&self, cache: &ModelCache, progress: Option<&MultiProgress>) -> Result<Prepared, ConfigError> {
+        let mut model_dirs = Vec::new();
+        let mut problems = Problems::default();
+        for (i, m) in self.models.iter().enumerate() {
+            let dir = match (self.model_path(i), m.preset) {
+                (Some(path), _) => Ok(path),
+                (None, Some(preset)) => cache.preset_model(preset, m.seed.unwrap_or(0), progress),
+                (None, None) => Err("neither `path` nor `preset`".to_string()),
+            };
+            match dir {
+                Ok(dir) => model_dirs.push(dir),
+                Err(e) => problems.push(format!("models[{i}]"), e),
+            }
+        }
+        problems.finish()?;
+        let model_configs = self.read_model_configs(&model_dirs)?;
+        let infos = model_infos(&self.model_names(), &model_configs);
+        let ctx = PolicyContext {
+            model_dirs: model_dirs.clone(),
+            base_dir: Some(self.base_dir.clone()),
+            seed: self.policy.seed,
+        };
+        let allowed: Vec<(String, Value)> =
+            self.policy.allowed.iter().map(|a| (a.name.clone(), a.params.clone())).collect();
+        let catalog = PolicyCatalog::new(&self.policy.name, &self.policy.params, &allowed, infos, ctx)
+            .map_err(|(index, e)| policy_error(index, &e))?;
+        let models = self
+            .models
+            .iter()
+            .zip(&model_dirs)
+            .map(|(m, dir)| ModelSpec {
+                name: m.name.clone(),
+                path: dir.clone(),
+                load: LoadOptions {
+                    dtype: m.dtype,
+                    kv_budget_bytes: (m.kv_budget_mib << 20) as usize,
+                    block_size: m.block_size,
+                },
+                threads: m.threads,
+            })
+            .collect();
+        let engine = EngineConfig {
+            models,
+            default_policy: catalog.default_policy(),
+            batching: self.batching_rule()?,
+            limits: self.step_limits(),
+            exclusive_compute: self.scheduler.exclusive_compute,
+        };
+        let preset_tokenizer = match self.models.iter().any(|m| m.preset.is_some()) {
+            true => cache.tokenizer(progress).ok().cloned(),
+            false => None,
+        };
+        Ok(Prepared { engine, catalog, model_dirs, model_configs, preset_tokenizer })
+    }
+
+    /// [`prepare`](Self::prepare), keeping only the engine's config.
+    pub fn engine_config(
+        &self,
+        cache: &ModelCache,
+        progress: Option<&MultiProgress>,
+    ) -> Result<EngineConfig, ConfigError> {
+        Ok(self.prepare(cache, progress)?.engine)
+    }
+
+    pub fn step_limits(&self) -> StepLimits {
+        StepLimits {
+            max_batch_rows: self.scheduler.max_batch_rows,
+            prefill_chunk: self.scheduler.prefill_chunk,
+            step_token_budget: self.scheduler.step_token_budget,
+        }
+    }
+
+    /// Checks what `prepare` would, without writing anything: folder models' config.json,
+    /// and the default and allowed policies' parameters against the models (presets as
+    /// their architecture with Qwen3's vocabulary). Policies that read model folders
+    /// (r2r, glimprouter) are checked only when no model is a preset.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        let mut dirs = Vec::new();
+        let mut configs = Vec::new();
+        for (i, m) in self.models.iter().enumerate() {
+            match (self.model_path(i), m.preset) {
+                (Some(path), _) => {
+                    configs.push(read_model_config(i, &path)?);
+                    dirs.push(path);
+                }
+                (None, Some(preset)) => {
+                    configs.push(presets::preset(preset.as_str()).expect("every Preset is a core preset"));
+                }
+                (None, None) => return Err(ConfigError::new(format!("models[{i}]"), "neither `path` nor `preset`")),
+            }
+        }
+        let folders_known = dirs.len() == self.models.len();
+        let infos = model_infos(&self.model_names(), &configs);
+        let ctx = PolicyContext { model_dirs: dirs, base_dir: Some(self.base_dir.clone()), seed: self.policy.seed };
+        let mut entries = vec![(None, self.policy.name.as_str(), self.policy.params.clone())];
+        for (i, a) in self.policy.allowed.iter().enumerate() {
+            let mut params = match (a.name == self.policy.name, &self.policy.params) {
+                (true, Value::Object(base)) => base.clone(),
+                _ => serde_json::Map::new(),
+            };
+            if let Value::Object(own) = &a.params {
+                params.extend(own.clone());
+            }
+            entries.push((Some(i), a.name.as_str(), Value::Object(params)));
+        }
+        let mut problems = Problems::default();
+        for (index, name, params) in entries {
+            if !folders_known && READS_MODEL_FOLDERS.contains(&name) {
+                continue;
+            }
+            if let Err(e) = policy::build(name, &params, &infos, &ctx) {
+                problems.absorb(policy_error(index, &e));
+            }
+        }
+        problems.finish()
+    }
+
+    fn read_model_configs(&self, dirs: &[PathBuf]) -> Result<Vec<ModelConfig>, ConfigError> {
+        dirs.iter().enumerate().map(|(i, dir)| read_model_config(i, dir)).collect()
+    }
+}
+
+fn read_model_config(index: usize, dir: &std::path::Path) -> Result<ModelConfig, ConfigError> {
+    let at = format!("models[{index}].path");
+    if !dir.is_dir() {
+        return Err(ConfigError::new(at, format!("{} is not a folder", dir.display())));
+    }
+    ModelConfig::from_file(&dir.join("config.json")).map_err(|e| ConfigError::new(at, e.to_string()))
+}
+
+/// What policies know of the models: hidden sizes, and the vocabulary all share (the
+/// smallest, as the engine slices logits to it).
+fn model_infos(names: &[String], configs: &[ModelConfig]) -> Vec<ModelInfo> {
+    let vocab = configs.iter().map(|c| c.vocab_size).min().unwrap_or(QWEN3_VOCAB);
+    names
+        .iter()
+        .zip(configs)
+        .map(|(name, c)| ModelInfo { name: name.clone(), hidden_size: c.hidden_size, vocab_size: vocab })
+        .collect()
+}
+
+/// A policy build error at the key it is about: the default (`None`) or `allowed[i]`.
+fn policy_error(index: Option<usize>, e: &PolicyError) -> ConfigError {
+    let path = match (index, e) {
+        (None, PolicyError::UnknownPolicy { .. }) => "policy.name".to_string(),
+        (None, _) => "policy.params".to_string(),
+        (Some(i), PolicyError::UnknownPolicy { .. }) => format!("policy.allowed[{i}].name"),
+        (Some(i), _) => format!("policy.allowed[{i}].params"),
+    };
+    ConfigError::new(path, e.to_string())
+}

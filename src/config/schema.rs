@@ -1,0 +1,306 @@
+//! The sections of the YAML file, as serde types. Defaults live here; checks that need
+//! more than one key live in `validate.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+use tokenrouter_actors::StepLimits;
+use tokenrouter_core::model::WeightDtype;
+
+/// One model: a Hugging Face folder (`path`) or a random-weight `preset` made in the cache.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// The name requests, metrics and policy parameters use.
+    pub name: String,
+    /// A Hugging Face model folder (config.json, *.safetensors, tokenizer.json);
+    /// relative to the config file's folder.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// A random-weight model of this size, written into the cache folder on first use.
+    #[serde(default)]
+    pub preset: Option<Preset>,
+    /// Seed of a preset's random weights (default 0); presets only.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default = "default_dtype")]
+    pub dtype: WeightDtype,
+    /// Caps the context (prompt + output tokens) below the model's own.
+    #[serde(default)]
+    pub max_context: Option<usize>,
+    /// KV cache of this model, MiB.
+    #[serde(default = "default_kv_budget_mib")]
+    pub kv_budget_mib: u64,
+    /// Token slots per KV block (1..=128).
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    /// Compute threads of a pool of this model's own; absent: the process pool.
+    #[serde(default)]
+    pub threads: Option<usize>,
+}
+
+impl ModelEntry {
+    /// A preset model with every other key at its default.
+    pub fn preset(name: &str, preset: Preset, seed: u64) -> Self {
+        ModelEntry {
+            name: name.to_string(),
+            path: None,
+            preset: Some(preset),
+            seed: Some(seed),
+            dtype: default_dtype(),
+            max_context: None,
+            kv_budget_mib: default_kv_budget_mib(),
+            block_size: default_block_size(),
+            threads: None,
+        }
+    }
+}
+
+/// The random-weight sizes of `tokenrouter_core::model::presets`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    Tiny,
+    Small,
+    Medium,
+}
+
+impl Preset {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Small => "small",
+            Preset::Medium => "medium",
+        }
+    }
+}
+
+fn default_dtype() -> WeightDtype {
+    WeightDtype::F32
+}
+
+fn default_kv_budget_mib() -> u64 {
+    256
+}
+
+fn default_block_size() -> usize {
+    16
+}
+
+/// The routing policy requests get, and the others they may ask for.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// A built-in policy (`tokenrouter_core::policy::POLICY_NAMES`).
+    #[serde(default = "default_policy_name")]
+    pub name: String,
+    /// The policy's parameters (a mapping; absent: its defaults).
+    #[serde(default)]
+    pub params: Value,
+    /// Seed of random router weights when a learned policy is given no weights file.
+    #[serde(default)]
+    pub seed: u64,
+    /// Policies a request may choose with `routing: {policy, params}`; the default
+    /// policy is always allowed.
+    #[serde(default)]
+    pub allowed: Vec<AllowedPolicy>,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        PolicySection { name: default_policy_name(), params: Value::Null, seed: 0, allowed: Vec::new() }
+    }
+}
+
+fn default_policy_name() -> String {
+    "always".to_string()
+}
+
+/// A policy requests may pick; `params` are its defaults, which a request's own
+/// parameters override key by key.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowedPolicy {
+    pub name: String,
+    #[serde(default)]
+    pub params: Value,
+}
+
+impl AllowedPolicy {
+    pub fn named(name: &str) -> Self {
+        AllowedPolicy { name: name.to_string(), params: Value::Null }
+    }
+}
+
+/// Delayed batching and step sizes, for every subserver.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Per model name: launch a step only when this many requests are ready on it
+    /// (default 1 for models not named).
+    #[serde(default)]
+    pub thresholds: BTreeMap<String, ThresholdSpec>,
+    /// Launch anyway once the oldest ready request has waited this long.
+    #[serde(default)]
+    pub max_wait_ms: Option<u64>,
+    #[serde(default = "defaults::max_batch_rows")]
+    pub max_batch_rows: usize,
+    #[serde(default = "defaults::prefill_chunk")]
+    pub prefill_chunk: usize,
+    #[serde(default = "defaults::step_token_budget")]
+    pub step_token_budget: usize,
+    /// One model steps at a time, taking fair turns (for models sharing few cores).
+    #[serde(default)]
+    pub exclusive_compute: bool,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection {
+            thresholds: BTreeMap::new(),
+            max_wait_ms: None,
+            max_batch_rows: defaults::max_batch_rows(),
+            prefill_chunk: defaults::prefill_chunk(),
+            step_token_budget: defaults::step_token_budget(),
+            exclusive_compute: false,
+        }
+    }
+}
+
+mod defaults {
+    use super::StepLimits;
+
+    pub fn max_batch_rows() -> usize {
+        StepLimits::default().max_batch_rows
+    }
+
+    pub fn prefill_chunk() -> usize {
+        StepLimits::default().prefill_chunk
+    }
+
+    pub fn step_token_budget() -> usize {
+        StepLimits::default().step_token_budget
+    }
+}
+
+/// A model's batching threshold: one number, or a table by the number of active
+/// requests N (the entry at the largest N' ≤ N applies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ThresholdSpec {
+    Fixed(usize),
+    ByActive(BTreeMap<usize, usize>),
+}
+
+impl<'de> Deserialize<'de> for ThresholdSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ThresholdVisitor;
+
+        impl<'de> Visitor<'de> for ThresholdVisitor {
+            type Value = ThresholdSpec;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a threshold (an integer) or a table {active requests: threshold}")
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ThresholdSpec, E> {
+                usize::try_from(v).map(ThresholdSpec::Fixed).map_err(|_| E::custom("threshold too large"))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ThresholdSpec, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ThresholdSpec, A::Error> {
+                let mut table = BTreeMap::new();
+                while let Some((active, threshold)) = map.next_entry::<usize, usize>()? {
+                    if table.insert(active, threshold).is_some() {
+                        return Err(de::Error::custom(format!("N = {active} appears twice")));
+                    }
+                }
+                if table.is_empty() {
+                    return Err(de::Error::custom("an empty table; give at least one {N: threshold}"));
+                }
+                Ok(ThresholdSpec::ByActive(table))
+            }
+        }
+
+        deserializer.deserialize_any(ThresholdVisitor)
+    }
+}
+
+/// The HTTP server.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    #[serde(default = "defaults_server::host")]
+    pub host: String,
+    #[serde(default = "defaults_server::port")]
+    pub port: u16,
+    /// Bearer keys a request must present; empty: no authentication.
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    #[serde(default = "defaults_server::max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Requests admitted but not finished, beyond which new ones get 429.
+    #[serde(default = "defaults_server::max_queued_requests")]
+    pub max_queued_requests: usize,
+    /// The largest `max_tokens` a request may ask for; absent: the context.
+    #[serde(default)]
+    pub max_tokens_limit: Option<usize>,
+    /// On SIGINT/SIGTERM, in-flight requests get this long to finish before they are cancelled.
+    #[serde(default = "defaults_server::shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            host: defaults_server::host(),
+            port: defaults_server::port(),
+            api_keys: Vec::new(),
+            max_body_bytes: defaults_server::max_body_bytes(),
+            max_queued_requests: defaults_server::max_queued_requests(),
+            max_tokens_limit: None,
+            shutdown_grace_secs: defaults_server::shutdown_grace_secs(),
+        }
+    }
+}
+
+impl ServerSection {
+    /// `host:port`, for binding and for the URL printed at start.
+    pub fn address(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.port),
+            false => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
+mod defaults_server {
+    pub fn host() -> String {
+        "127.0.0.1".to_string()
+    }
+
+    pub fn port() -> u16 {
+        8000
+    }
+
+    pub fn max_body_bytes() -> usize {
+        4 << 20
+    }
+
+    pub fn max_queued_requests() -> usize {
+        256
+    }
+
+    pub fn shutdown_grace_secs() -> u64 {
+        10
+    }
+}

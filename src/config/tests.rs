@@ -1,0 +1,306 @@
+//! Parsing and validation: every refusal names the key.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+use tokenrouter_core::model::WeightDtype;
+use tokenrouter_core::policy::ModelInfo;
+use tokenrouter_core::sched::Threshold;
+
+use super::*;
+
+const PAIR: &str = "
+models:
+  - name: small
+    preset: tiny
+  - name: large
+    preset: small
+";
+
+fn parse(text: &str) -> Result<ServerConfig, ConfigError> {
+    ServerConfig::from_yaml_str(text, Path::new("/etc/tokenrouter"))
+}
+
+/// The error of `text`, which must be refused.
+fn refused(text: &str) -> ConfigError {
+    match parse(text) {
+        Ok(config) => panic!("accepted: {config:?}"),
+        Err(e) => e,
+    }
+}
+
+fn with_pair(rest: &str) -> String {
+    format!("{PAIR}{rest}")
+}
+
+#[test]
+fn a_minimal_config_gets_every_default() {
+    let config = parse("models: [{name: m, path: models/m}]").unwrap();
+    let m = &config.models[0];
+    assert_eq!(m.dtype, WeightDtype::F32);
+    assert_eq!((m.kv_budget_mib, m.block_size, m.max_context, m.threads, m.seed), (256, 16, None, None, None));
+    assert_eq!(config.model_path(0).unwrap(), Path::new("/etc/tokenrouter/models/m"));
+    assert_eq!(config.policy.name, "always");
+    assert!(config.policy.allowed.is_empty());
+    let s = &config.scheduler;
+    assert_eq!(
+        (s.max_batch_rows, s.prefill_chunk, s.step_token_budget, s.max_wait_ms, s.exclusive_compute),
+        (64, 512, 1024, None, false)
+    );
+    let server = &config.server;
+    assert_eq!((server.host.as_str(), server.port, server.max_body_bytes), ("127.0.0.1", 8000, 4 << 20));
+    assert_eq!((server.max_queued_requests, server.max_tokens_limit, server.shutdown_grace_secs), (256, None, 10));
+    assert!(server.api_keys.is_empty());
+    assert_eq!(server.address(), "127.0.0.1:8000");
+    assert_eq!(config.max_tokens_limit(32_768), 32_768);
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_path() {
+    let e = refused(&with_pair("server:\n  prot: 80\n"));
+    assert!(e.to_string().starts_with("server.prot: unknown field `prot`"), "{e}");
+    let e = refused("models:\n  - name: m\n    preset: tiny\n    colour: red\n");
+    assert!(e.to_string().starts_with("models[0].colour: unknown field `colour`"), "{e}");
+    let e = refused(&with_pair("polcy: {name: random}\n"));
+    assert!(e.to_string().starts_with("polcy: unknown field `polcy`"), "{e}");
+    let e = refused(&with_pair("policy:\n  name: random\n  allowed: [{name: random, parms: {}}]\n"));
+    assert!(e.to_string().starts_with("policy.allowed[0].parms: unknown field"), "{e}");
+}
+
+#[test]
+fn wrong_types_are_refused_with_their_path() {
+    let e = refused("models:\n  - {name: a, preset: tiny}\n  - {name: b, preset: tiny, kv_budget_mib: x}\n");
+    assert!(e.to_string().starts_with("models[1].kv_budget_mib: invalid type: string \"x\", expected u64"), "{e}");
+    let e = refused(&with_pair("scheduler:\n  exclusive_compute: maybe\n"));
+    assert!(e.to_string().starts_with("scheduler.exclusive_compute: invalid type"), "{e}");
+    let e = refused(&with_pair("server:\n  api_keys: secret\n"));
+    assert!(e.to_string().starts_with("server.api_keys: invalid type"), "{e}");
+    let e = refused("models: {name: m}\n");
+    assert!(e.to_string().starts_with("models: invalid type: map, expected a sequence"), "{e}");
+}
+
+#[test]
+fn bad_values_are_refused_with_their_path() {
+    let e = refused("models: [{name: m, preset: tiny, dtype: bf8}]");
+    assert!(e.to_string().starts_with("models[0].dtype: unknown variant `bf8`, expected `f32` or `f16`"), "{e}");
+    let e = refused("models: [{name: m, preset: huge}]");
+    assert!(e.to_string().starts_with("models[0].preset: unknown variant `huge`"), "{e}");
+    let e = refused(&with_pair("server: {max_queued_requests: -1}\n"));
+    assert!(e.to_string().starts_with("server.max_queued_requests: invalid type: integer `-1`, expected usize"), "{e}");
+    let e = refused(&with_pair("server: {port: 70000}\n"));
+    assert!(e.to_string().starts_with("server.port: invalid value: integer `70000`, expected u16"), "{e}");
+    let e = refused(&with_pair("scheduler: {thresholds: {large: -2}}\n"));
+    assert!(e.to_string().starts_with("scheduler.thresholds.large: invalid value: integer `-2`"), "{e}");
+}
+
+#[test]
+fn zero_sizes_are_refused_each_with_its_path() {
+    let e = refused(
+        "models: [{name: m, preset: tiny, kv_budget_mib: 0, block_size: 0, threads: 0, max_context: 1}]
+scheduler: {max_batch_rows: 0, prefill_chunk: 0, step_token_budget: 0}
+server: {port: 0, max_body_bytes: 0, max_queued_requests: 0, max_tokens_limit: 0, host: ''}
+",
+    );
+    for path in [
+        "models[0].kv_budget_mib",
+        "models[0].block_size",
+        "models[0].threads",
+        "models[0].max_context",
+        "scheduler.max_batch_rows",
+        "scheduler.prefill_chunk",
+        "scheduler.step_token_budget",
+        "server.port",
+        "server.max_body_bytes",
+        "server.max_queued_requests",
+        "server.max_tokens_limit",
+        "server.host",
+    ] {
+        assert!(e.mentions(path), "no problem at {path}:\n{e}");
+    }
+    assert_eq!(e.problems.len(), 12, "{e}");
+    assert!(refused("models: [{name: m, preset: tiny, block_size: 129}]").mentions("models[0].block_size"));
+}
+
+#[test]
+fn models_need_unique_names_and_exactly_one_source() {
+    let e = refused("models: [{name: m, preset: tiny}, {name: m, path: x}]");
+    assert!(e.to_string().contains("models[1].name: `m` names two models"), "{e}");
+    assert!(refused("models: [{name: m, preset: tiny, path: x}]")
+        .to_string()
+        .contains("models[0]: give `path` or `preset`, not both"));
+    assert!(refused("models: [{name: m}]").mentions("models[0]"));
+    assert!(refused("models: [{name: m, path: x, seed: 3}]").mentions("models[0].seed"));
+    assert!(refused("models: []").mentions("models"));
+    let e = refused("server: {port: 1}\n");
+    assert!(e.to_string().contains("missing field `models`"), "{e}");
+}
+
+#[test]
+fn thresholds_take_a_number_or_a_table_by_active_requests() {
+    let config = parse(&with_pair(
+        "scheduler:\n  thresholds:\n    large: {1: 1, 8: 2, 16: 4}\n    small: 1\n  max_wait_ms: 25\n",
+    ))
+    .unwrap();
+    let rule = config.batching_rule().unwrap();
+    assert_eq!(rule.thresholds, vec![Threshold::Fixed(1), Threshold::ByActive(vec![(1, 1), (8, 2), (16, 4)])]);
+    assert_eq!(rule.max_wait, Some(std::time::Duration::from_millis(25)));
+    assert_eq!(rule.effective(10), vec![1, 2]);
+    // Models without a threshold launch eagerly.
+    assert_eq!(parse(PAIR).unwrap().batching_rule().unwrap().thresholds, vec![Threshold::Fixed(1); 2]);
+}
+
+#[test]
+fn bad_thresholds_are_refused() {
+    let e = refused(&with_pair("scheduler: {thresholds: {huge: 2}}\n"));
+    assert!(e.to_string().contains("scheduler.thresholds.huge: no model is named `huge`; models: small, large"), "{e}");
+    let e = refused(&with_pair("scheduler: {thresholds: {large: 0}}\n"));
+    assert!(e.to_string().contains("scheduler.thresholds.large: a threshold is 0"), "{e}");
+    let e = refused(&with_pair("scheduler: {thresholds: {small: {4: 3}, large: {4: 3}}}\n"));
+    assert!(e.to_string().contains("scheduler.thresholds: thresholds [3, 3] at N = 4"), "{e}");
+    let e = refused(&with_pair("scheduler: {thresholds: {large: {}}}\n"));
+    assert!(e.to_string().starts_with("scheduler.thresholds.large: an empty table"), "{e}");
+    let e = refused(&with_pair("scheduler: {thresholds: {large: [1, 2]}}\n"));
+    assert!(e.to_string().starts_with("scheduler.thresholds.large: invalid type: sequence"), "{e}");
+}
+
+#[test]
+fn unknown_policies_are_refused() {
+    let e = refused(&with_pair("policy: {name: oracle}\n"));
+    assert!(e.to_string().starts_with("policy.name: unknown policy `oracle`; known: random, rstitch"), "{e}");
+    let e =
+        refused(&with_pair("policy:\n  name: random\n  allowed: [{name: rstitch}, {name: magic}, {name: rstitch}]\n"));
+    assert!(e.mentions("policy.allowed[1].name") && e.mentions("policy.allowed[2].name"), "{e}");
+    assert!(refused(&with_pair("policy: {name: random, params: [1]}\n")).mentions("policy.params"));
+}
+
+#[test]
+fn policy_parameters_are_checked_against_the_models() {
+    let config = parse(&with_pair("policy: {name: random, params: {p: 2}}\n")).unwrap();
+    let e = config.check().unwrap_err();
+    assert!(e.to_string().starts_with("policy.params: policy `random`: `p` must be in [0, 1], got 2"), "{e}");
+    let config =
+        parse(&with_pair("policy: {name: rstitch, allowed: [{name: always, params: {model: huge}}]}\n")).unwrap();
+    assert!(config
+        .check()
+        .unwrap_err()
+        .to_string()
+        .starts_with("policy.allowed[0].params: policy `always`: unknown model `huge`"));
+    let config = parse("models: [{name: m, preset: tiny}]\npolicy: {name: random}\n").unwrap();
+    assert!(config.check().unwrap_err().to_string().contains("needs two models"));
+    let config = parse("models: [{name: m, path: nowhere}]").unwrap();
+    assert!(config
+        .check()
+        .unwrap_err()
+        .to_string()
+        .starts_with("models[0].path: /etc/tokenrouter/nowhere is not a folder"));
+    parse(&with_pair(
+        "policy: {name: me, params: {weights: [1, 3]}, allowed: [{name: rstitch, params: {tau: 0.1}}]}\n",
+    ))
+    .unwrap()
+    .check()
+    .unwrap();
+}
+
+#[test]
+fn errors_from_files_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "models: [{name: m, preset: tiny, kv_budget_mib: x}]").unwrap();
+    let e = ServerConfig::load(&path).unwrap_err();
+    assert!(e.to_string().starts_with(&format!("{}: models[0].kv_budget_mib: invalid type", path.display())), "{e}");
+    let e = ServerConfig::load(&dir.path().join("absent.yaml")).unwrap_err();
+    assert!(e.to_string().contains("cannot read the configuration"), "{e}");
+    std::fs::write(&path, "models: [{name: m, preset: tiny}\n").unwrap();
+    assert!(ServerConfig::load(&path).is_err());
+}
+
+#[test]
+fn context_and_max_tokens_limits_take_the_tightest_cap() {
+    let config = parse("models: [{name: a, preset: tiny, max_context: 4096}, {name: b, preset: tiny, max_context: 2048}]\nserver: {max_tokens_limit: 8000}").unwrap();
+    assert_eq!(config.context_cap(), Some(2048));
+    assert_eq!(config.max_context(32_768), 2048);
+    assert_eq!(config.max_context(1024), 1024);
+    assert_eq!(config.max_tokens_limit(32_768), 2048);
+    let config =
+        parse("models: [{name: a, preset: tiny}]\nserver: {max_tokens_limit: 100, host: '::1', port: 9}").unwrap();
+    assert_eq!(config.max_tokens_limit(32_768), 100);
+    assert_eq!(config.server.address(), "[::1]:9");
+}
+
+fn infos() -> Vec<ModelInfo> {
+    ["small", "large"].iter().map(|n| ModelInfo { name: n.to_string(), hidden_size: 64, vocab_size: 1000 }).collect()
+}
+
+fn refused_policy<T>(result: Result<T, CatalogError>) -> CatalogError {
+    match result {
+        Ok(_) => panic!("the catalog built a policy it should refuse"),
+        Err(e) => e,
+    }
+}
+
+fn demo_catalog() -> PolicyCatalog {
+    let allowed = vec![
+        ("rstitch".to_string(), json!(null)),
+        ("random".to_string(), json!(null)),
+        ("always".to_string(), json!({"model": "large"})),
+    ];
+    PolicyCatalog::new("random", &json!({"p": 0.2}), &allowed, infos(), Default::default()).unwrap()
+}
+
+#[test]
+fn the_catalog_refuses_policies_not_allowed() {
+    let catalog = demo_catalog();
+    assert_eq!(catalog.names(), vec!["always", "random", "rstitch"]);
+    let e = refused_policy(catalog.build("colm", None));
+    assert_eq!(e.param(), "routing.policy");
+    assert_eq!(e.to_string(), "routing policy `colm` is not allowed on this server; allowed: always, random, rstitch");
+    assert!(matches!(catalog.build("nonsense", None), Err(CatalogError::NotAllowed { .. })));
+    let e = refused_policy(catalog.build("rstitch", Some(&json!({"tau": "high"}))));
+    assert_eq!(e.param(), "routing.params");
+    assert!(e.to_string().contains("`tau`"), "{e}");
+    assert!(catalog.build("rstitch", Some(&json!([1]))).is_err());
+    let e = refused_policy(catalog.build("rstitch", Some(&json!({"bogus": 1}))));
+    assert!(e.to_string().contains("unknown parameter `bogus`"), "{e}");
+}
+
+#[test]
+fn the_catalog_shares_one_policy_object_per_name_and_parameters() {
+    let catalog = demo_catalog();
+    let default = catalog.default_policy();
+    assert_eq!(default.name(), "random");
+    // The default's name without parameters, or with its own, is the default object.
+    assert!(Arc::ptr_eq(&catalog.build("random", None).unwrap(), &default));
+    assert!(Arc::ptr_eq(&catalog.resolve(None, None).unwrap(), &default));
+    assert!(Arc::ptr_eq(&catalog.build("default", None).unwrap(), &default));
+    assert!(Arc::ptr_eq(&catalog.build("random", Some(&json!({"p": 0.2}))).unwrap(), &default));
+    let a = catalog.build("random", Some(&json!({"p": 0.7}))).unwrap();
+    let b = catalog.build("random", Some(&json!({"p": 0.7}))).unwrap();
+    assert!(Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &default));
+    let r1 = catalog.build("rstitch", None).unwrap();
+    assert!(Arc::ptr_eq(&r1, &catalog.build("rstitch", Some(&json!({}))).unwrap()));
+    assert!(!Arc::ptr_eq(&r1, &catalog.build("rstitch", Some(&json!({"tau": 0.5}))).unwrap()));
+}
+
+#[test]
+fn request_parameters_override_the_configured_ones_but_not_file_paths() {
+    let catalog = demo_catalog();
+    let mut state = tokenrouter_core::policy::PolicyState::default();
+    let mut entry =
+        tokenrouter_core::policy::EntryRequest { request_id: 1, prompt: &[1], max_tokens: 4, state: &mut state };
+    // `always` is configured on `large`; a request may move it back to `small`.
+    assert_eq!(catalog.build("always", None).unwrap().entry_model(&mut entry), 1);
+    assert_eq!(catalog.build("always", Some(&json!({"model": "small"}))).unwrap().entry_model(&mut entry), 0);
+    let e = refused_policy(catalog.build("random", Some(&json!({"weights": "/etc/passwd"}))));
+    assert!(e.to_string().contains("routing.params.weights: file paths are set in the server's configuration"), "{e}");
+}
+
+#[test]
+fn the_demo_file_is_the_built_in_demo() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/demo.yaml");
+    let mut file = ServerConfig::load(&path).unwrap();
+    file.base_dir = demo_config().base_dir;
+    assert_eq!(file, demo_config());
+    demo_config().validate().unwrap();
+    demo_config().check().unwrap();
+}

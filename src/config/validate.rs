@@ -1,0 +1,163 @@
+//! Checks that serde's types cannot express: names that must refer to models, sizes
+//! that must not be zero, a threshold table that must not deadlock. Every problem is
+//! reported (not only the first), each with its key path.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokenrouter_core::model::attention::MAX_BLOCK_SIZE;
+use tokenrouter_core::policy::POLICY_NAMES;
+use tokenrouter_core::sched::batching::BatchingError;
+use tokenrouter_core::sched::{BatchingRule, Threshold};
+
+use super::error::{ConfigError, Problems};
+use super::schema::ThresholdSpec;
+use super::ServerConfig;
+
+impl ServerConfig {
+    /// Every semantic check that needs no file system (`from_yaml_str` runs it).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Problems::default();
+        self.check_models(&mut problems);
+        self.check_policy(&mut problems);
+        self.check_scheduler(&mut problems);
+        self.check_server(&mut problems);
+        problems.finish()
+    }
+
+    fn check_models(&self, p: &mut Problems) {
+        if self.models.is_empty() {
+            p.push("models", "give at least one model");
+        }
+        let mut seen = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = |key: &str| format!("models[{i}].{key}");
+            if m.name.trim().is_empty() {
+                p.push(at("name"), "must not be empty");
+            } else if !seen.insert(m.name.as_str()) {
+                p.push(at("name"), format!("`{}` names two models; names must be unique", m.name));
+            }
+            match (&m.path, m.preset) {
+                (Some(_), Some(_)) => p.push(format!("models[{i}]"), "give `path` or `preset`, not both"),
+                (None, None) => p.push(
+                    format!("models[{i}]"),
+                    "give `path` (a Hugging Face model folder) or `preset` (tiny, small or medium)",
+                ),
+                _ => {}
+            }
+            if m.seed.is_some() && m.preset.is_none() {
+                p.push(at("seed"), "only preset models have a seed");
+            }
+            if let Some(cap) = m.max_context {
+                if cap < 2 {
+                    p.push(
+                        at("max_context"),
+                        format!("must be at least 2 (a prompt token and an output token), got {cap}"),
+                    );
+                }
+            }
+            p.positive(at("kv_budget_mib"), m.kv_budget_mib);
+            if m.kv_budget_mib.checked_mul(1 << 20).and_then(|b| usize::try_from(b).ok()).is_none() {
+                p.push(
+                    at("kv_budget_mib"),
+                    format!("{} MiB does not fit this machine's address space", m.kv_budget_mib),
+                );
+            }
+            if !(1..=MAX_BLOCK_SIZE).contains(&m.block_size) {
+                p.push(at("block_size"), format!("must be in 1..={MAX_BLOCK_SIZE}, got {}", m.block_size));
+            }
+            if let Some(threads) = m.threads {
+                p.positive(at("threads"), threads as u64);
+            }
+        }
+    }
+
+    fn check_policy(&self, p: &mut Problems) {
+        let policy = &self.policy;
+        check_policy_name(p, "policy.name", &policy.name);
+        check_params(p, "policy.params", &policy.params);
+        let mut seen = HashSet::new();
+        for (i, allowed) in policy.allowed.iter().enumerate() {
+            check_policy_name(p, &format!("policy.allowed[{i}].name"), &allowed.name);
+            check_params(p, &format!("policy.allowed[{i}].params"), &allowed.params);
+            if !seen.insert(allowed.name.as_str()) {
+                p.push(format!("policy.allowed[{i}].name"), format!("`{}` is listed twice", allowed.name));
+            }
+        }
+    }
+
+    fn check_scheduler(&self, p: &mut Problems) {
+        let s = &self.scheduler;
+        p.positive("scheduler.max_batch_rows", s.max_batch_rows as u64);
+        p.positive("scheduler.prefill_chunk", s.prefill_chunk as u64);
+        p.positive("scheduler.step_token_budget", s.step_token_budget as u64);
+        let names = self.model_names();
+        for name in s.thresholds.keys() {
+            if !names.contains(name) {
+                p.push(
+                    format!("scheduler.thresholds.{name}"),
+                    format!("no model is named `{name}`; models: {}", names.join(", ")),
+                );
+            }
+        }
+        if let Err(e) = self.batching_rule() {
+            p.absorb(e);
+        }
+    }
+
+    fn check_server(&self, p: &mut Problems) {
+        let s = &self.server;
+        if s.host.trim().is_empty() {
+            p.push("server.host", "must not be empty");
+        }
+        p.positive("server.port", s.port as u64);
+        p.positive("server.max_body_bytes", s.max_body_bytes as u64);
+        p.positive("server.max_queued_requests", s.max_queued_requests as u64);
+        if let Some(limit) = s.max_tokens_limit {
+            p.positive("server.max_tokens_limit", limit as u64);
+        }
+        for (i, key) in s.api_keys.iter().enumerate() {
+            if key.is_empty() || key.chars().any(char::is_whitespace) {
+                p.push(format!("server.api_keys[{i}]"), "a key must be non-empty, without whitespace");
+            }
+        }
+    }
+
+    /// The delayed-batching rule in engine model order: models without a threshold get 1.
+    /// Thresholds naming no model are ignored here (`validate` reports them).
+    pub fn batching_rule(&self) -> Result<BatchingRule, ConfigError> {
+        let thresholds = self
+            .models
+            .iter()
+            .map(|m| match self.scheduler.thresholds.get(&m.name) {
+                None => Threshold::Fixed(1),
+                Some(ThresholdSpec::Fixed(b)) => Threshold::Fixed(*b),
+                Some(ThresholdSpec::ByActive(table)) => {
+                    Threshold::ByActive(table.iter().map(|(&n, &b)| (n, b)).collect())
+                }
+            })
+            .collect();
+        let rule = BatchingRule { thresholds, max_wait: self.scheduler.max_wait_ms.map(Duration::from_millis) };
+        rule.validate(self.models.len()).map_err(|e| match e {
+            BatchingError::Zero { model } => ConfigError::new(
+                format!("scheduler.thresholds.{}", self.models[model].name),
+                "a threshold is 0; thresholds start at 1",
+            ),
+            other => ConfigError::new("scheduler.thresholds", other.to_string()),
+        })?;
+        Ok(rule)
+    }
+}
+
+fn check_policy_name(p: &mut Problems, path: &str, name: &str) {
+    if !POLICY_NAMES.contains(&name) {
+        p.push(path, format!("unknown policy `{name}`; known: {}", POLICY_NAMES.join(", ")));
+    }
+}
+
+fn check_params(p: &mut Problems, path: &str, params: &Value) {
+    if !matches!(params, Value::Null | Value::Object(_)) {
+        p.push(path, format!("must be a mapping of parameters, got {params}"));
+    }
+}

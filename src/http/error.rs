@@ -1,0 +1,170 @@
+//! The one error type of the HTTP layer, mapped in one place (`status` and
+//! `envelope`) to a status code and OpenAI's error envelope
+//! `{"error":{"message","type","param","code"}}`, used for response bodies and for
+//! errors inside an SSE stream alike.
+
+use std::fmt;
+
+use actix_web::error::JsonPayloadError;
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::{json, Value};
+use tokenrouter_actors::EngineError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApiError {
+    /// 400: malformed JSON, wrong types, bad values. `param` names the offending
+    /// field (a dotted path such as `stream_options.include_usage`) when known.
+    BadRequest { message: String, param: Option<String> },
+    /// 401: API keys are configured and the request has none of them.
+    Unauthorized,
+    /// 404: the `model` field names no served model.
+    UnknownModel(String),
+    /// 404: no such route.
+    UnknownRoute(String),
+    /// 413: the body is larger than the configured limit.
+    PayloadTooLarge { limit: usize },
+    /// 429: the admission queue is full.
+    QueueFull { limit: usize },
+    /// 503: the server is shutting down.
+    ShuttingDown,
+    /// 500: anything else; the message is logged and returned.
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: param.map(str::to_string) }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `type` and `code` for this error.
+    fn kind_and_code(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            ApiError::BadRequest { .. } => ("invalid_request_error", None),
+            ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
+            ApiError::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
+            ApiError::UnknownRoute(_) => ("invalid_request_error", Some("not_found")),
+            ApiError::PayloadTooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
+            ApiError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
+            ApiError::ShuttingDown => ("service_unavailable_error", Some("shutting_down")),
+            ApiError::Internal(_) => ("server_error", Some("internal_error")),
+        }
+    }
+
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::BadRequest { param, .. } => param.as_deref(),
+            ApiError::UnknownModel(_) => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// `{"error": {...}}`, the body of an error response and of an SSE error event.
+    pub fn envelope(&self) -> Value {
+        let (kind, code) = self.kind_and_code();
+        json!({ "error": { "message": self.to_string(), "type": kind, "param": self.param(), "code": code } })
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiError::BadRequest { message, .. } => f.write_str(message),
+            ApiError::Unauthorized => f.write_str("invalid or missing API key: send `Authorization: Bearer <key>`"),
+            ApiError::UnknownModel(m) => write!(f, "the model `{m}` does not exist; see GET /v1/models"),
+            ApiError::UnknownRoute(p) => write!(f, "no route {p}"),
+            ApiError::PayloadTooLarge { limit } => write!(f, "the request body is larger than the limit of {limit} bytes"),
+            ApiError::QueueFull { limit } => write!(f, "the server is at its limit of {limit} requests in flight; retry later"),
+            ApiError::ShuttingDown => f.write_str("the server is shutting down"),
+            ApiError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ApiError::Internal(m) = self {
+            tracing::error!(message = %m, "request failed");
+        }
+        HttpResponse::build(self.status()).json(self.envelope())
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::InvalidRequest(m) => ApiError::BadRequest { message: m, param: None },
+            // The request can never fit this engine's KV: the client must ask for less.
+            e @ EngineError::TooLarge { .. } => ApiError::bad_request(e.to_string(), Some("max_tokens")),
+            EngineError::ShuttingDown => ApiError::ShuttingDown,
+            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// For actix's own `Json` extractor (`JsonConfig::error_handler`), so that any JSON
+/// route answers with the envelope rather than actix's plain text.
+impl From<JsonPayloadError> for ApiError {
+    fn from(e: JsonPayloadError) -> Self {
+        match e {
+            JsonPayloadError::OverflowKnownLength { limit, .. } | JsonPayloadError::Overflow { limit } => ApiError::PayloadTooLarge { limit },
+            JsonPayloadError::Deserialize(e) => ApiError::bad_request(format!("invalid JSON body: {e}"), None),
+            JsonPayloadError::ContentType => ApiError::bad_request("expected Content-Type: application/json", None),
+            other => ApiError::bad_request(other.to_string(), None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_status_and_an_openai_envelope() {
+        let cases = [
+            (ApiError::bad_request("bad n", Some("n")), 400, Some("n")),
+            (ApiError::Unauthorized, 401, None),
+            (ApiError::UnknownModel("gpt".into()), 404, Some("model")),
+            (ApiError::PayloadTooLarge { limit: 10 }, 413, None),
+            (ApiError::QueueFull { limit: 1 }, 429, None),
+            (ApiError::ShuttingDown, 503, None),
+            (ApiError::Internal("boom".into()), 500, None),
+        ];
+        for (error, status, param) in cases {
+            assert_eq!(error.status().as_u16(), status, "{error:?}");
+            let body = error.envelope();
+            let inner = &body["error"];
+            assert_eq!(inner["message"], error.to_string());
+            assert!(inner["type"].is_string());
+            assert_eq!(inner["param"].as_str(), param);
+            assert!(inner.get("code").is_some());
+        }
+    }
+
+    #[test]
+    fn engine_errors_map_to_client_or_server_errors() {
+        assert_eq!(ApiError::from(EngineError::InvalidRequest("x".into())).status(), StatusCode::BAD_REQUEST);
+        assert_eq!(ApiError::from(EngineError::ShuttingDown).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(ApiError::from(EngineError::Internal("x".into())).status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let too_large = ApiError::from(EngineError::TooLarge { needed: 9, capacity: 8, model: "m".into() });
+        assert_eq!(too_large.param(), Some("max_tokens"));
+    }
+}

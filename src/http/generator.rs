@@ -1,0 +1,92 @@
+//! The seam between the HTTP handlers and what generates tokens (like TGI's
+//! `Backend`): handlers only see `dyn Generator`, implemented here for the real
+//! `Engine`, so HTTP tests run against the engine on tiny random models and a test
+//! double is needed only where a situation cannot be produced otherwise.
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::FutureExt;
+use serde::Serialize;
+use tokenrouter_actors::kv_manager::KvUsage;
+use tokenrouter_actors::tokenizer::RenderedChat;
+use tokenrouter_actors::{Engine, EngineError, GenerateRequest, GenerationEvent, SubserverSnapshot};
+use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
+
+/// Events of one request. Dropping the stream must cancel the request and free its
+/// KV: the SSE body owns it, so a client that goes away cancels its request.
+pub type EventStream = BoxStream<'static, GenerationEvent>;
+
+/// What `/v1/stats` (and the dashboard) shows.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    /// One snapshot per subserver that answered, in model order.
+    pub models: Vec<SubserverSnapshot>,
+    pub kv: Option<KvUsage>,
+    pub active_requests: usize,
+}
+
+pub trait Generator: Send + Sync + 'static {
+    /// The engine's model names, in model order (`GenerationEvent::Token::model`
+    /// and `Usage::tokens_per_model` index into this).
+    fn model_names(&self) -> Vec<String>;
+
+    /// The longest sequence (prompt + output) every model accepts.
+    fn max_context(&self) -> usize;
+
+    /// Submits a request; its events arrive on the stream.
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>>;
+
+    /// Renders a conversation with the chat template and tokenizes it.
+    fn chat(&self, messages: Vec<ChatMessage>, options: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>>;
+
+    fn encode(&self, text: String, add_special_tokens: bool) -> BoxFuture<'_, Result<Vec<u32>, EngineError>>;
+
+    /// One token as text, for logprobs (`<id>` when there is no tokenizer).
+    fn token_text(&self, id: u32) -> String;
+
+    fn stats(&self) -> BoxFuture<'_, EngineStats>;
+
+    /// Every model's subserver is up and answering.
+    fn ready(&self) -> BoxFuture<'_, bool>;
+}
+
+impl Generator for Engine {
+    fn model_names(&self) -> Vec<String> {
+        Engine::model_names(self).to_vec()
+    }
+
+    fn max_context(&self) -> usize {
+        Engine::max_context(self)
+    }
+
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>> {
+        async move {
+            let stream = Engine::generate(self, request).await?;
+            Ok(Box::pin(stream) as EventStream)
+        }
+        .boxed()
+    }
+
+    fn chat(&self, messages: Vec<ChatMessage>, options: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
+        Engine::chat(self, messages, options).boxed()
+    }
+
+    fn encode(&self, text: String, add_special_tokens: bool) -> BoxFuture<'_, Result<Vec<u32>, EngineError>> {
+        Engine::encode(self, text, add_special_tokens).boxed()
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer().and_then(|t| t.decode(&[id], false).ok()).unwrap_or_else(|| format!("<{id}>"))
+    }
+
+    fn stats(&self) -> BoxFuture<'_, EngineStats> {
+        async move {
+            EngineStats { models: Engine::stats(self).await, kv: self.kv_usage().await, active_requests: self.active_requests() }
+        }
+        .boxed()
+    }
+
+    fn ready(&self) -> BoxFuture<'_, bool> {
+        async move { Engine::stats(self).await.len() == Engine::model_names(self).len() }.boxed()
+    }
+}

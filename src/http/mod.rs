@@ -1,0 +1,69 @@
+//! The OpenAI-compatible HTTP layer (actix-web): `POST /v1/chat/completions` and
+//! `POST /v1/completions` (JSON or SSE), `GET /v1/models`, `GET /health`,
+//! `GET /metrics` (Prometheus) and `GET /v1/stats` (JSON for the dashboard).
+//!
+//! Handlers talk to a [`Generator`] (implemented for the engine) and choose policies
+//! through a [`PolicyResolver`]; every failure is an [`ApiError`], mapped to a status
+//! and OpenAI's error envelope in one place.
+//!
+//! With API keys configured, the `/v1/chat/completions`, `/v1/completions` and
+//! `/v1/models` routes need `Authorization: Bearer <key>`; `/health`, `/metrics` and
+//! `/v1/stats` are operational read-only views and need none.
+
+mod error;
+mod extract;
+mod generator;
+mod handlers;
+mod info;
+mod metrics;
+mod request;
+mod response;
+mod routing;
+mod server;
+mod sse;
+mod state;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::{web, App};
+
+pub use error::ApiError;
+pub use extract::{ApiJson, Authorized};
+pub use generator::{EngineStats, EventStream, Generator};
+pub use metrics::install_metrics_recorder;
+pub use request::{Endpoint, OpenAiRequest};
+pub use routing::{DefaultPolicyOnly, PolicyResolver, RoutingRequest};
+pub use server::{run_server, RunningServer};
+pub use state::{AppState, Limits};
+
+/// The API's routes, for composing into another app (`App::configure`). Needs
+/// `web::Data<AppState>` in the app's data.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v1/chat/completions", web::post().to(handlers::chat_completions))
+        .route("/v1/completions", web::post().to(handlers::completions))
+        .route("/v1/models", web::get().to(info::models))
+        .route("/v1/stats", web::get().to(info::stats))
+        .route("/health", web::get().to(info::health))
+        .route("/metrics", web::get().to(info::metrics))
+        .route("/dashboard", web::get().to(dashboard));
+}
+
+async fn dashboard() -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Ok().content_type("text/html; charset=utf-8").body(crate::dashboard::DASHBOARD_HTML)
+}
+
+/// The whole app: state, the routes, and OpenAI envelopes for unknown routes and
+/// for any actix `Json` extractor. More routes can be added to what it returns.
+pub fn build_app(
+    state: AppState,
+) -> App<impl ServiceFactory<ServiceRequest, Config = (), Response = ServiceResponse<impl MessageBody>, Error = actix_web::Error, InitError = ()>>
+{
+    let limit = state.limits.max_body_bytes;
+    let json = web::JsonConfig::default().limit(limit).error_handler(|e, _| ApiError::from(e).into());
+    App::new()
+        .app_data(web::Data::new(state))
+        .app_data(json)
+        .app_data(web::PayloadConfig::new(limit))
+        .configure(routes)
+        .default_service(web::to(info::not_found))
+}

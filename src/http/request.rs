@@ -1,0 +1,319 @@
+//! The body of `POST /v1/chat/completions` and `POST /v1/completions` (one type: the
+//! endpoints share almost every field, and one type keeps field paths in errors
+//! exact), and its translation into an engine `GenerateRequest`.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use tokenrouter_actors::GenerateRequest;
+use tokenrouter_core::model::sampler::{SamplingError, SamplingParams};
+use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
+
+use super::error::ApiError;
+use super::routing::RoutingRequest;
+use super::state::AppState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// Unknown fields are ignored, as OpenAI does; `null` reads as absent.
+#[derive(Debug, Default, Deserialize)]
+pub struct OpenAiRequest {
+    pub model: Option<String>,
+    /// Chat only.
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Completions only.
+    pub prompt: Option<Prompt>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// vLLM's convention: -1 (or 0) is off.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub stop: Option<Stop>,
+    /// vLLM extension: token ids that end the request.
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// vLLM extension.
+    pub repetition_penalty: Option<f32>,
+    /// Chat: a boolean (with `top_logprobs`); completions: the number of alternatives.
+    pub logprobs: Option<Logprobs>,
+    pub top_logprobs: Option<u32>,
+    pub n: Option<u32>,
+    pub best_of: Option<u32>,
+    pub echo: Option<bool>,
+    /// Accepted and ignored (OpenAI uses it for abuse monitoring).
+    pub user: Option<String>,
+    /// vLLM extensions.
+    pub ignore_eos: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub routing: Option<RoutingRequest>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    /// A batch of prompts; only one is served.
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    Flag(bool),
+    Count(u32),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// A validated request, ready for the engine and for shaping its response.
+pub struct Plan {
+    pub endpoint: Endpoint,
+    pub generate: GenerateRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Report the model of every token (`routing.trace`).
+    pub trace: bool,
+    /// Report logprobs with this many alternatives.
+    pub logprobs: Option<usize>,
+    /// The model name echoed in the response.
+    pub model: String,
+}
+
+impl OpenAiRequest {
+    /// Validates, resolves the policy, tokenizes and checks lengths. Cheap checks
+    /// come first so a bad request costs no tokenization.
+    pub async fn plan(self, state: &AppState, endpoint: Endpoint) -> Result<Plan, ApiError> {
+        let bad = |m: &str, p: &str| Err(ApiError::bad_request(m, Some(p)));
+        if self.n.is_some_and(|n| n != 1) {
+            return bad("only n = 1 is supported", "n");
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return bad("only best_of = 1 is supported", "best_of");
+        }
+        if self.echo == Some(true) {
+            return bad("echo is not supported", "echo");
+        }
+        let model = state.check_model(self.model.as_deref())?;
+        let logprobs = self.logprobs_wanted(endpoint)?;
+        let policy = state.policies.resolve(self.routing.as_ref())?;
+        let sampling = self.sampling(logprobs)?;
+        let (prompt, prompt_param) = self.tokenize(state, endpoint).await?;
+        let max_tokens = self.max_tokens(state, prompt.len(), prompt_param)?;
+        let mut generate = GenerateRequest::new(prompt, max_tokens);
+        generate.sampling = sampling;
+        generate.policy = policy;
+        generate.stop = match self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if generate.stop.iter().any(String::is_empty) {
+            return bad("stop strings must not be empty", "stop");
+        }
+        generate.stop_ids = self.stop_token_ids.unwrap_or_default();
+        generate.ignore_eos = self.ignore_eos.unwrap_or(false);
+        generate.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
+        Ok(Plan {
+            endpoint,
+            generate,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            trace: self.routing.is_some_and(|r| r.trace),
+            logprobs,
+            model,
+        })
+    }
+
+    fn logprobs_wanted(&self, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+        match (endpoint, self.logprobs) {
+            (Endpoint::Chat, None | Some(Logprobs::Flag(false))) if self.top_logprobs.is_some_and(|n| n > 0) => {
+                Err(ApiError::bad_request("top_logprobs needs logprobs: true", Some("top_logprobs")))
+            }
+            (Endpoint::Chat, None | Some(Logprobs::Flag(false))) => Ok(None),
+            (Endpoint::Chat, Some(Logprobs::Flag(true))) => Ok(Some(self.top_logprobs.unwrap_or(0) as usize)),
+            (Endpoint::Chat, Some(Logprobs::Count(_))) => Err(ApiError::bad_request("logprobs must be a boolean; use top_logprobs for alternatives", Some("logprobs"))),
+            (Endpoint::Completions, None | Some(Logprobs::Flag(false))) => Ok(None),
+            (Endpoint::Completions, Some(Logprobs::Count(n))) => Ok(Some(n as usize)),
+            (Endpoint::Completions, Some(Logprobs::Flag(true))) => Err(ApiError::bad_request("logprobs must be an integer (alternatives per token)", Some("logprobs"))),
+        }
+    }
+
+    fn sampling(&self, logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+        let d = SamplingParams::default();
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.map(|k| k.max(0) as usize).unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            // No seed: a fresh one, so identical requests differ as OpenAI's do.
+            seed: self.seed.map(|s| s as u64).unwrap_or_else(random_seed),
+            logprobs,
+        };
+        p.validate().map_err(|e| {
+            let param = match &e {
+                SamplingError::NotFinite { field, .. } | SamplingError::PenaltyOutOfRange { field, .. } => field,
+                SamplingError::NegativeTemperature(_) => "temperature",
+                SamplingError::TopPOutOfRange(_) => "top_p",
+                SamplingError::MinPOutOfRange(_) => "min_p",
+                SamplingError::RepetitionPenaltyNotPositive(_) => "repetition_penalty",
+                SamplingError::TooManyLogprobs(_) if self.top_logprobs.is_some() => "top_logprobs",
+                SamplingError::TooManyLogprobs(_) => "logprobs",
+            };
+            ApiError::bad_request(e.to_string(), Some(param))
+        })?;
+        Ok(p)
+    }
+
+    /// The prompt's token ids, and the field it came from (for error params).
+    async fn tokenize(&self, state: &AppState, endpoint: Endpoint) -> Result<(Vec<u32>, &'static str), ApiError> {
+        let ids = match endpoint {
+            Endpoint::Chat => {
+                let Some(messages) = self.messages.clone() else {
+                    return Err(ApiError::bad_request("`messages` is required", Some("messages")));
+                };
+                if messages.is_empty() {
+                    return Err(ApiError::bad_request("`messages` must not be empty", Some("messages")));
+                }
+                let options = RenderOptions {
+                    add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+                    extra: self.chat_template_kwargs.clone().unwrap_or_default(),
+                };
+                return Ok((state.engine.chat(messages, options).await?.ids, "messages"));
+            }
+            Endpoint::Completions => match self.prompt.clone() {
+                None => return Err(ApiError::bad_request("`prompt` is required", Some("prompt"))),
+                Some(Prompt::Tokens(ids)) => ids,
+                Some(Prompt::TokenLists(mut lists)) if lists.len() == 1 => lists.remove(0),
+                Some(Prompt::Text(text)) => state.engine.encode(text, true).await?,
+                Some(Prompt::Texts(mut texts)) if texts.len() == 1 => state.engine.encode(texts.remove(0), true).await?,
+                Some(_) => return Err(ApiError::bad_request("only one prompt per request is supported", Some("prompt"))),
+            },
+        };
+        Ok((ids, "prompt"))
+    }
+
+    /// The output budget: as asked (within the server's limit and the context), or
+    /// what the context leaves (within the limit).
+    fn max_tokens(&self, state: &AppState, prompt_len: usize, prompt_param: &str) -> Result<usize, ApiError> {
+        let context = state.engine.max_context();
+        if prompt_len == 0 {
+            return Err(ApiError::bad_request("the prompt is empty", Some(prompt_param)));
+        }
+        if prompt_len >= context {
+            let m = format!("the prompt has {prompt_len} tokens; this model's context is {context} tokens");
+            return Err(ApiError::bad_request(m, Some(prompt_param)));
+        }
+        let limit = state.limits.max_tokens_limit;
+        let (asked, param) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) => (n, "max_completion_tokens"),
+            (None, Some(n)) => (n, "max_tokens"),
+            (None, None) => return Ok(limit.min(context - prompt_len)),
+        };
+        if asked == 0 {
+            return Err(ApiError::bad_request(format!("{param} must be at least 1"), Some(param)));
+        }
+        if asked > limit as u64 {
+            return Err(ApiError::bad_request(format!("{param} is {asked}; this server allows at most {limit}"), Some(param)));
+        }
+        let asked = asked as usize;
+        if prompt_len + asked > context {
+            let m = format!("this model's context is {context} tokens; the prompt has {prompt_len} and {param} asks {asked} more");
+            return Err(ApiError::bad_request(m, Some(param)));
+        }
+        Ok(asked)
+    }
+}
+
+fn random_seed() -> u64 {
+    // RandomState is randomly keyed per process and per instance: enough for sampling.
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::extract::parse_json;
+
+    #[test]
+    fn fields_parse_in_their_openai_shapes() {
+        let r: OpenAiRequest = parse_json(br#"{"model":"m","prompt":[1,2],"stop":"x","logprobs":2,"stream":true,"stream_options":{"include_usage":true},"user":"u","routing":{"trace":true},"extra_field":1}"#).unwrap();
+        assert!(matches!(r.prompt, Some(Prompt::Tokens(ref t)) if t == &[1, 2]));
+        assert!(matches!(r.stop, Some(Stop::One(ref s)) if s == "x"));
+        assert!(matches!(r.logprobs, Some(Logprobs::Count(2))));
+        assert!(r.routing.unwrap().trace);
+        let r: OpenAiRequest = parse_json(br#"{"messages":[{"role":"user","content":"hi"}],"stop":["a","b"],"logprobs":true,"top_logprobs":3,"seed":null}"#).unwrap();
+        assert!(matches!(r.stop, Some(Stop::Many(ref v)) if v.len() == 2));
+        assert!(matches!(r.logprobs, Some(Logprobs::Flag(true))));
+        assert_eq!(r.top_logprobs, Some(3));
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        for (body, param) in [
+            (&br#"{"temperature":"hot"}"#[..], "temperature"),
+            (br#"{"max_tokens":-5}"#, "max_tokens"),
+            (br#"{"stream":"yes"}"#, "stream"),
+            (br#"{"stream_options":{"include_usage":1}}"#, "stream_options.include_usage"),
+            (br#"{"messages":"hi"}"#, "messages"),
+            (br#"{"stop":5}"#, "stop"),
+        ] {
+            let e = parse_json::<OpenAiRequest>(body).unwrap_err();
+            assert_eq!(e.param(), Some(param), "{}: {e}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn logprobs_follow_each_endpoints_convention() {
+        let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap();
+        assert_eq!(r(br#"{"logprobs":true,"top_logprobs":2}"#).logprobs_wanted(Endpoint::Chat).unwrap(), Some(2));
+        assert_eq!(r(br#"{"logprobs":3}"#).logprobs_wanted(Endpoint::Completions).unwrap(), Some(3));
+        assert_eq!(r(br#"{}"#).logprobs_wanted(Endpoint::Chat).unwrap(), None);
+        assert!(r(br#"{"logprobs":3}"#).logprobs_wanted(Endpoint::Chat).is_err());
+        assert!(r(br#"{"top_logprobs":3}"#).logprobs_wanted(Endpoint::Chat).is_err());
+    }
+
+    #[test]
+    fn bad_sampling_values_name_their_field() {
+        let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap().sampling(None).unwrap_err().param().map(str::to_string);
+        assert_eq!(r(br#"{"temperature":-1}"#).as_deref(), Some("temperature"));
+        assert_eq!(r(br#"{"top_p":0}"#).as_deref(), Some("top_p"));
+        assert_eq!(r(br#"{"presence_penalty":3}"#).as_deref(), Some("presence_penalty"));
+        let seeded = parse_json::<OpenAiRequest>(br#"{"seed":7}"#).unwrap().sampling(None).unwrap();
+        assert_eq!(seeded.seed, 7);
+        let a = parse_json::<OpenAiRequest>(b"{}").unwrap().sampling(None).unwrap().seed;
+        let b = parse_json::<OpenAiRequest>(b"{}").unwrap().sampling(None).unwrap().seed;
+        assert_ne!(a, b, "requests without a seed get fresh ones");
+    }
+}

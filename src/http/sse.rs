@@ -1,0 +1,114 @@
+//! The SSE body of a streamed response. It owns the engine's event stream and the
+//! request's admission slot: when actix drops the body (the client went away, or
+//! shutdown's grace ran out) both are dropped with it, which cancels the request and
+//! frees its KV. Nothing else holds the event stream.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+use tokenrouter_actors::GenerationEvent;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, Sleep};
+
+use super::error::ApiError;
+use super::generator::EventStream;
+use super::response::{StreamEncoder, TokenInfo};
+
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+pub struct SseStream {
+    /// `None` once the request ended (dropped at once, not when actix drops the body).
+    events: Option<EventStream>,
+    encoder: StreamEncoder,
+    /// Frames ready to send.
+    queue: VecDeque<Bytes>,
+    keep_alive: Pin<Box<Sleep>>,
+    interval: Duration,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl SseStream {
+    pub fn new(events: EventStream, encoder: StreamEncoder, keep_alive: Duration, permit: OwnedSemaphorePermit) -> Self {
+        let queue = encoder.start().iter().map(data_frame).collect();
+        SseStream {
+            events: Some(events),
+            encoder,
+            queue,
+            keep_alive: Box::pin(tokio::time::sleep(keep_alive)),
+            interval: keep_alive,
+            permit: Some(permit),
+        }
+    }
+
+    fn on_event(&mut self, event: GenerationEvent) {
+        match event {
+            GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
+                let info = TokenInfo { token, model, logprob, top_logprobs };
+                if let Some(chunk) = self.encoder.token(info, &text) {
+                    self.queue.push_back(data_frame(&chunk));
+                }
+            }
+            GenerationEvent::Finished { reason, usage, text, .. } => {
+                let chunks = self.encoder.finished(reason, &usage, &text);
+                self.queue.extend(chunks.iter().map(data_frame));
+                self.end();
+            }
+            GenerationEvent::Error { message, .. } => self.fail(ApiError::Internal(message)),
+        }
+    }
+
+    /// An error after the response began: it goes inside the stream.
+    fn fail(&mut self, error: ApiError) {
+        tracing::warn!(%error, "stream ended with an error");
+        self.queue.push_back(data_frame(&error.envelope()));
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.events = None;
+        self.permit = None;
+        self.queue.push_back(Bytes::from_static(DONE));
+    }
+}
+
+fn data_frame(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+impl Stream for SseStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(frame) = this.queue.pop_front() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            let Some(events) = this.events.as_mut() else { return Poll::Ready(None) };
+            match events.poll_next_unpin(cx) {
+                Poll::Ready(Some(event)) => {
+                    this.on_event(event);
+                    let next = Instant::now() + this.interval;
+                    this.keep_alive.as_mut().reset(next);
+                }
+                Poll::Ready(None) => this.fail(ApiError::Internal("the engine ended the request without a final event".into())),
+                Poll::Pending => {
+                    if this.keep_alive.as_mut().poll(cx).is_ready() {
+                        let next = Instant::now() + this.interval;
+                        this.keep_alive.as_mut().reset(next);
+                        return Poll::Ready(Some(Ok(Bytes::from_static(KEEP_ALIVE))));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}

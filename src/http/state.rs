@@ -1,0 +1,151 @@
+//! What every handler shares: the generator, the policy resolver, keys, limits, the
+//! admission semaphore and the shutting-down flag.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::ApiError;
+use super::generator::Generator;
+use super::routing::PolicyResolver;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// Requests in flight (queued in the engine or generating) before new ones get 429.
+    pub max_queued_requests: usize,
+    /// Largest `max_tokens` a request may ask for; also the default when it asks none
+    /// (capped by the room the context leaves).
+    pub max_tokens_limit: usize,
+    /// An SSE comment is sent after this long without an event, so proxies and
+    /// clients do not time out an idle stream (e.g. one waiting for KV).
+    pub keep_alive_interval: Duration,
+    /// On shutdown, in-flight responses get this long to finish before they are
+    /// cut (which cancels their requests).
+    pub shutdown_grace: Duration,
+    /// HTTP worker threads; actix's default (one per physical core) when `None`.
+    pub workers: Option<usize>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 << 20,
+            max_queued_requests: 256,
+            max_tokens_limit: 4096,
+            keep_alive_interval: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(30),
+            workers: None,
+        }
+    }
+}
+
+/// Shared by every worker (cloning shares it).
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<dyn Generator>,
+    pub policies: Arc<dyn PolicyResolver>,
+    /// Bearer keys; empty means no authentication.
+    pub api_keys: Arc<Vec<String>>,
+    pub limits: Limits,
+    /// The id `/v1/models` advertises first; requests may name it or any engine model.
+    pub served_model: String,
+    /// Unix seconds the server started (`created` in `/v1/models`).
+    pub created: u64,
+    /// Renders `/metrics`; `None` serves an empty page (no recorder installed).
+    pub metrics: Option<PrometheusHandle>,
+    admission: Arc<Semaphore>,
+    shutting_down: Arc<AtomicBool>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl AppState {
+    /// A state with default limits, no keys, no metrics, and the first engine model's
+    /// name as the served id; adjust with the `with_*` methods.
+    pub fn new(engine: Arc<dyn Generator>, policies: Arc<dyn PolicyResolver>) -> Self {
+        let served_model = engine.model_names().first().cloned().unwrap_or_else(|| "tokenrouter".into());
+        let limits = Limits::default();
+        AppState {
+            engine,
+            policies,
+            api_keys: Arc::new(Vec::new()),
+            admission: Arc::new(Semaphore::new(limits.max_queued_requests)),
+            limits,
+            served_model,
+            created: unix_now(),
+            metrics: None,
+            shutting_down: Arc::new(AtomicBool::new(false)),
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.admission = Arc::new(Semaphore::new(limits.max_queued_requests));
+        self.limits = limits;
+        self
+    }
+
+    pub fn with_api_keys(mut self, keys: Vec<String>) -> Self {
+        self.api_keys = Arc::new(keys);
+        self
+    }
+
+    pub fn with_served_model(mut self, id: impl Into<String>) -> Self {
+        self.served_model = id.into();
+        self
+    }
+
+    pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
+    /// From now on `/health` answers 503 and new generation requests are refused.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// A slot among the requests in flight, held until the response ends (for a
+    /// stream, until its body is finished or dropped).
+    pub fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        if self.is_shutting_down() {
+            return Err(ApiError::ShuttingDown);
+        }
+        self.admission.clone().try_acquire_owned().map_err(|_| {
+            metrics::counter!("tokenrouter_http_rejected_total", "reason" => "queue_full").increment(1);
+            ApiError::QueueFull { limit: self.limits.max_queued_requests }
+        })
+    }
+
+    /// Generation requests holding an admission slot now.
+    pub fn in_flight(&self) -> usize {
+        self.limits.max_queued_requests.saturating_sub(self.admission.available_permits())
+    }
+
+    /// Requests may name the served id or any engine model; absent means the served id.
+    /// Returns the name to echo in the response.
+    pub fn check_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        match requested {
+            None => Ok(self.served_model.clone()),
+            Some(m) if m == self.served_model || self.engine.model_names().iter().any(|n| n == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError::UnknownModel(m.to_string())),
+        }
+    }
+
+    /// A response id unique within the process (prefixed by the caller).
+    pub fn next_response_id(&self) -> String {
+        format!("{:x}{:08x}", self.created, self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

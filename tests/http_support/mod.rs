@@ -1,0 +1,214 @@
+//! Helpers for the HTTP tests: a server on loopback in front of a real engine on two
+//! tiny random models with the real Qwen3 tokenizer, SSE parsing, and a scripted
+//! generator for the few cases a real engine cannot produce on demand.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokenrouter::actors::tokenizer::RenderedChat;
+use tokenrouter::actors::{Engine, EngineConfig, EngineError, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
+use tokenrouter::core::model::init::{copy_tokenizer, write_random_model, InitOptions};
+use tokenrouter::core::model::presets::preset;
+use tokenrouter::core::model::LoadOptions;
+use tokenrouter::core::policy::{self, ModelInfo, PolicyContext};
+use tokenrouter::core::sched::BatchingRule;
+use tokenrouter::core::tokenize::{ChatMessage, RenderOptions};
+use tokenrouter::http::{install_metrics_recorder, run_server, AppState, DefaultPolicyOnly, EngineStats, EventStream, Generator, Limits, RunningServer};
+
+/// Context of the test models: small, so a prompt longer than it is cheap to send.
+pub const CONTEXT: usize = 1024;
+pub const MAX_TOKENS_LIMIT: usize = 512;
+
+pub fn qwen3_tokenizer() -> Option<PathBuf> {
+    let base = std::env::var_os("TOKENROUTER_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/assets"));
+    let dir = base.join("qwen3");
+    if dir.join("tokenizer.json").is_file() {
+        Some(dir)
+    } else {
+        eprintln!("skipping: no Qwen3 tokenizer under {} (run .ci/run to fetch it)", base.display());
+        None
+    }
+}
+
+pub fn test_limits() -> Limits {
+    Limits {
+        max_body_bytes: 64 << 10,
+        max_queued_requests: 64,
+        max_tokens_limit: MAX_TOKENS_LIMIT,
+        keep_alive_interval: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(10),
+        workers: Some(1),
+    }
+}
+
+pub struct TestServer {
+    pub url: String,
+    pub engine: Engine,
+    pub server: RunningServer,
+    pub client: reqwest::Client,
+    pub state: AppState,
+    _models: Vec<TempDir>,
+}
+
+impl TestServer {
+    /// None (after printing why) when the tokenizer is not available.
+    pub async fn start(limits: Limits, keys: Vec<String>) -> Option<TestServer> {
+        Self::start_with_signal(limits, keys, futures::future::pending()).await
+    }
+
+    pub async fn start_with_signal(limits: Limits, keys: Vec<String>, signal: impl std::future::Future<Output = ()> + Send + 'static) -> Option<TestServer> {
+        let tokenizer = qwen3_tokenizer()?;
+        let mut config = preset("tiny").unwrap();
+        config.max_position_embeddings = CONTEXT;
+        let mut models = Vec::new();
+        let mut specs = Vec::new();
+        for (i, name) in ["small", "large"].into_iter().enumerate() {
+            let dir = TempDir::new().unwrap();
+            write_random_model(&config, &InitOptions { seed: 11 + i as u64, std: 0.1 }, dir.path()).unwrap();
+            copy_tokenizer(&tokenizer, dir.path()).unwrap();
+            let load = LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() };
+            specs.push(ModelSpec { name: name.into(), path: dir.path().to_path_buf(), load, threads: None });
+            models.push(dir);
+        }
+        let infos: Vec<ModelInfo> = specs.iter().map(|s| ModelInfo { name: s.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
+        let default_policy = policy::build("random", &json!({ "p": 0.5 }), &infos, &PolicyContext::default()).unwrap();
+        let engine = Engine::start(EngineConfig {
+            models: specs,
+            default_policy: default_policy.clone(),
+            batching: BatchingRule::eager(2),
+            limits: StepLimits::default(),
+            exclusive_compute: false,
+        })
+        .await
+        .unwrap();
+        let state = AppState::new(Arc::new(engine.clone()), Arc::new(DefaultPolicyOnly::new(&*default_policy)))
+            .with_limits(limits)
+            .with_api_keys(keys)
+            .with_served_model("tokenrouter-test")
+            .with_metrics(install_metrics_recorder().unwrap());
+        let server = run_server(state.clone(), "127.0.0.1:0", signal).await.unwrap();
+        let url = format!("http://{}", server.addr());
+        Some(TestServer { url, engine, server, client: reqwest::Client::new(), state, _models: models })
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client.post(format!("{}{path}", self.url)).json(body).send().await.unwrap()
+    }
+
+    /// Posts and returns (status, JSON body).
+    pub async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self.post(path, body).await;
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client.get(format!("{}{path}", self.url)).send().await.unwrap()
+    }
+
+    /// Waits until every model's KV blocks are free and no request is active.
+    pub async fn wait_all_kv_free(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let stats = self.engine.stats().await;
+            let free = stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks);
+            if free && self.engine.active_requests() == 0 && stats.len() == 2 {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "KV still in use: {stats:?}, active {}", self.engine.active_requests());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn stop(self) {
+        self.server.shutdown().await;
+        self.engine.shutdown().await;
+    }
+}
+
+/// A chat request for a short generation, seeded.
+pub fn chat(content: &str, max_tokens: usize, seed: u64) -> Value {
+    json!({
+        "model": "tokenrouter-test",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "ignore_eos": true,
+    })
+}
+
+/// The `data:` payloads of an SSE body, in order (`[DONE]` included as a string).
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n").filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string)).collect()
+}
+
+/// The JSON chunks of an SSE body, asserting it ends with exactly one `[DONE]`.
+pub fn sse_chunks(body: &str) -> Vec<Value> {
+    let data = sse_data(body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{body}");
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1, "{body}");
+    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
+/// Asserts an OpenAI error envelope with the given param.
+pub fn assert_envelope(body: &Value, param: Option<&str>) {
+    let e = &body["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(e["type"].is_string(), "{body}");
+    assert_eq!(e["param"].as_str(), param, "{body}");
+    assert!(e.get("code").is_some(), "{body}");
+}
+
+/// A generator that waits, then fails: for keep-alive comments and errors inside a
+/// stream, which a healthy engine does not produce on demand.
+pub struct StallThenFail {
+    pub stall: Duration,
+}
+
+impl Generator for StallThenFail {
+    fn model_names(&self) -> Vec<String> {
+        vec!["scripted".into()]
+    }
+
+    fn max_context(&self) -> usize {
+        CONTEXT
+    }
+
+    fn generate(&self, _: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>> {
+        let stall = self.stall;
+        let events = futures::stream::once(async move {
+            tokio::time::sleep(stall).await;
+            GenerationEvent::Error { message: "scripted failure".into(), usage: Default::default() }
+        });
+        async move { Ok(Box::pin(events) as EventStream) }.boxed()
+    }
+
+    fn chat(&self, _: Vec<ChatMessage>, _: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
+        async { Ok(RenderedChat { text: "x".into(), ids: vec![1, 2, 3] }) }.boxed()
+    }
+
+    fn encode(&self, _: String, _: bool) -> BoxFuture<'_, Result<Vec<u32>, EngineError>> {
+        async { Ok(vec![1, 2, 3]) }.boxed()
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        format!("<{id}>")
+    }
+
+    fn stats(&self) -> BoxFuture<'_, EngineStats> {
+        async { EngineStats::default() }.boxed()
+    }
+
+    fn ready(&self) -> BoxFuture<'_, bool> {
+        async { true }.boxed()
+    }
+}
