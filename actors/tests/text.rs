@@ -16,16 +16,7 @@ use tokenrouter_core::sched::{BatchingRule, FinishReason};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 
 fn assets(name: &str) -> Option<PathBuf> {
-    let base = std::env::var_os("TOKENROUTER_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/assets"));
-    let dir = base.join(name);
-    if dir.join("tokenizer.json").is_file() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: no {name} tokenizer under {} (run .ci/run)", base.display());
-        None
-    }
+    tokenrouter_core::assets::tokenizer_dir(name)
 }
 
 fn tiny_with_tokenizer(seed: u64, tokenizer: &PathBuf) -> TempDir {

@@ -1,3 +1,4 @@
+pub mod assets;
 pub mod model;
 pub mod policy;
 pub mod sched;
