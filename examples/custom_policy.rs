@@ -53,7 +53,8 @@ async fn main() -> anyhow::Result<()> {
         exclusive_compute: false,
     })
     .await?;
-    let state = AppState::new(Arc::new(engine.clone()), Arc::new(DefaultPolicyOnly::new(&*policy))).with_served_model("pair");
+    let state =
+        AppState::new(Arc::new(engine.clone()), Arc::new(DefaultPolicyOnly::new(&*policy))).with_served_model("pair");
     let server = http::run_server(state, "127.0.0.1:0", std::future::pending()).await?;
 
     let body = serde_json::json!({

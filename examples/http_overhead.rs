@@ -106,7 +106,8 @@ async fn main() -> anyhow::Result<()> {
         }
         models.push(ModelSpec { name: name.into(), path, load: LoadOptions::default(), threads: None });
     }
-    let infos: Vec<ModelInfo> = models.iter().map(|m| ModelInfo { name: m.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
+    let infos: Vec<ModelInfo> =
+        models.iter().map(|m| ModelInfo { name: m.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
     let random = policy::build("random", &serde_json::json!({ "p": 0.2 }), &infos, &PolicyContext::default())?;
     let engine = Engine::start(EngineConfig {
         models,
@@ -116,7 +117,8 @@ async fn main() -> anyhow::Result<()> {
         exclusive_compute: false,
     })
     .await?;
-    let state = AppState::new(Arc::new(engine.clone()), Arc::new(DefaultPolicyOnly::new(&*random))).with_served_model("pair");
+    let state =
+        AppState::new(Arc::new(engine.clone()), Arc::new(DefaultPolicyOnly::new(&*random))).with_served_model("pair");
     let server = http::run_server(state, "127.0.0.1:0", std::future::pending()).await?;
     let url = format!("http://{}/v1/completions", server.addr());
 
@@ -130,7 +132,11 @@ async fn main() -> anyhow::Result<()> {
         println!("round {round}: library {lib:.0} tok/s, HTTP+SSE {web:.0} tok/s, ratio {:.3}", web / lib);
         rows.push(web / lib);
     }
-    println!("HTTP/library throughput ratio (mean of {}): {:.3}", rows.len(), rows.iter().sum::<f64>() / rows.len() as f64);
+    println!(
+        "HTTP/library throughput ratio (mean of {}): {:.3}",
+        rows.len(),
+        rows.iter().sum::<f64>() / rows.len() as f64
+    );
     server.shutdown().await;
     engine.shutdown().await;
     Ok(())

@@ -22,7 +22,8 @@ async fn main() -> anyhow::Result<()> {
         write_random_model(&qwen3_shaped(hidden, 2, 4, 2, 2 * hidden, 1000), &InitOptions { seed, std: 0.2 }, &path)?;
         models.push(ModelSpec { name: name.into(), path, load: LoadOptions::default(), threads: None });
     }
-    let infos: Vec<ModelInfo> = models.iter().map(|m| ModelInfo { name: m.name.clone(), hidden_size: 0, vocab_size: 1000 }).collect();
+    let infos: Vec<ModelInfo> =
+        models.iter().map(|m| ModelInfo { name: m.name.clone(), hidden_size: 0, vocab_size: 1000 }).collect();
     let random = policy::build("random", &serde_json::json!({ "p": 0.3 }), &infos, &PolicyContext::default())?;
     let engine = Engine::start(EngineConfig {
         models,

@@ -15,7 +15,8 @@ fn tokenrouter(args: &[&str]) -> Output {
 
 fn ok(args: &[&str]) -> (String, String) {
     let out = tokenrouter(args);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "tokenrouter {args:?} failed:\n{stdout}\n{stderr}");
     (stdout, stderr)
 }
@@ -43,7 +44,8 @@ fn model_init_writes_the_hf_layout() {
     for f in ["config.json", "model.safetensors", "generation_config.json"] {
         assert!(m.join(f).is_file(), "{f} missing");
     }
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(m.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["architectures"][0], "Qwen3ForCausalLM");
     assert_eq!(config["vocab_size"], 151_936);
     assert_eq!(config["hidden_size"], 64);
@@ -54,11 +56,28 @@ fn model_init_with_explicit_llama_sizes() {
     let dir = TempDir::new().unwrap();
     let out = dir.path().join("llama");
     let (stdout, _) = ok(&[
-        "model", "init", "--arch", "llama", "--hidden", "48", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-        "--intermediate", "96", "--vocab", "1000", "--out", out.to_str().unwrap(),
+        "model",
+        "init",
+        "--arch",
+        "llama",
+        "--hidden",
+        "48",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "96",
+        "--vocab",
+        "1000",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(stdout.contains("LlamaForCausalLM"), "{stdout}");
-    let (ids, _) = ok(&["generate", "--model", out.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "4", "--ids"]);
+    let (ids, _) =
+        ok(&["generate", "--model", out.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "4", "--ids"]);
     assert_eq!(ids.trim().split(',').count(), 4, "{ids}");
 }
 
@@ -78,7 +97,16 @@ fn generate_from_text_with_the_real_qwen3_tokenizer() {
     let dir = tiny_model(Some(&tok));
     let m = dir.path().join("m");
     assert!(m.join("tokenizer_config.json").is_file());
-    let (_, stderr) = ok(&["generate", "--model", m.to_str().unwrap(), "--prompt", "Hello, world", "--max-tokens", "6", "--ignore-eos"]);
+    let (_, stderr) = ok(&[
+        "generate",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "Hello, world",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+    ]);
     assert!(stderr.contains("prompt 3 tokens"), "Qwen3 encodes 'Hello, world' as 3 tokens: {stderr}");
     assert!(stderr.contains("6 tokens generated"), "{stderr}");
 }
@@ -88,8 +116,22 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let dir = tiny_model(None);
     let m = dir.path().join("m");
     let run = |seed: &str| {
-        ok(&["generate", "--model", m.to_str().unwrap(), "--prompt-ids", "10,20,30", "--max-tokens", "12",
-             "--temperature", "1.0", "--seed", seed, "--ids", "--ignore-eos"]).0
+        ok(&[
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-ids",
+            "10,20,30",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+            "--ids",
+            "--ignore-eos",
+        ])
+        .0
     };
     assert_eq!(run("7"), run("7"));
     assert_ne!(run("7"), run("8"));
@@ -100,8 +142,21 @@ fn profile_writes_json_with_limits() {
     let dir = tiny_model(None);
     let m = dir.path().join("m");
     let json = dir.path().join("p.json");
-    let (stdout, _) = ok(&["profile", "--model", m.to_str().unwrap(), "--batch", "1,4", "--context", "16,64",
-                           "--steps", "1", "--kv-mib", "64", "--out", json.to_str().unwrap()]);
+    let (stdout, _) = ok(&[
+        "profile",
+        "--model",
+        m.to_str().unwrap(),
+        "--batch",
+        "1,4",
+        "--context",
+        "16,64",
+        "--steps",
+        "1",
+        "--kv-mib",
+        "64",
+        "--out",
+        json.to_str().unwrap(),
+    ]);
     assert!(stdout.contains("GB/s read"), "{stdout}");
     let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(p["decode"].as_array().unwrap().len(), 4);

@@ -116,16 +116,28 @@ fn dashboard_loads_in_headless_chromium_and_shows_both_models() {
     let profile = TempDir::new().unwrap();
     let url = format!("{}/dashboard", server.url);
     let flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--virtual-time-budget=4000", "--window-size=1300,700",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=4000",
+        "--window-size=1300,700",
     ];
     let user_data = format!("--user-data-dir={}", profile.path().display());
     let dom = Command::new(&chromium).args(flags).arg(&user_data).arg("--dump-dom").arg(&url).output().unwrap();
     let html = String::from_utf8_lossy(&dom.stdout);
     assert!(html.contains("subserver small") && html.contains("subserver large"), "{html}");
     let shot = out_dir.join("dashboard.png");
-    let _ = Command::new(&chromium).args(flags).arg(&user_data).arg(format!("--screenshot={}", shot.display())).arg(&url).output();
+    let _ = Command::new(&chromium)
+        .args(flags)
+        .arg(&user_data)
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output();
     assert!(shot.is_file(), "no screenshot at {}", shot.display());
     eprintln!("dashboard screenshot: {}", shot.display());
 }

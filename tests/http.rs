@@ -65,7 +65,8 @@ async fn chat_and_completions_stream_and_non_stream() {
     assert_eq!(last["usage"], whole["usage"]);
 
     // Completions: a text prompt and a token-id prompt, with logprobs.
-    let prompt = json!({ "prompt": "Once upon a time", "max_tokens": 16, "seed": 3, "ignore_eos": true, "logprobs": 2 });
+    let prompt =
+        json!({ "prompt": "Once upon a time", "max_tokens": 16, "seed": 3, "ignore_eos": true, "logprobs": 2 });
     let (status, text) = s.post_json("/v1/completions", &prompt).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(text["object"], "text_completion");
@@ -102,7 +103,12 @@ async fn stop_strings_split_across_tokens_end_the_text() {
     let (status, whole) = s.post_json("/v1/chat/completions", &first).await;
     assert_eq!(status, 200, "{whole}");
     let text = whole["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-    let tokens: Vec<String> = whole["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().map(|t| t["token"].as_str().unwrap().to_string()).collect();
+    let tokens: Vec<String> = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["token"].as_str().unwrap().to_string())
+        .collect();
     // A stop string made of the end of one token and the start of the next.
     let plain = |t: &str| !t.is_empty() && !t.contains('\u{fffd}') && !t.starts_with("<|");
     let stop = tokens
@@ -136,7 +142,12 @@ async fn routing_trace_names_the_model_of_every_token() {
     body["routing"] = json!({ "policy": "random", "trace": true });
     let (status, whole) = s.post_json("/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{whole}");
-    let trace: Vec<String> = whole["choices"][0]["routing_trace"].as_array().unwrap().iter().map(|m| m.as_str().unwrap().to_string()).collect();
+    let trace: Vec<String> = whole["choices"][0]["routing_trace"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect();
     assert_eq!(trace.len(), 32);
     let per_model = &whole["usage"]["tokens_per_model"];
     for name in ["small", "large"] {
@@ -148,7 +159,11 @@ async fn routing_trace_names_the_model_of_every_token() {
     body["stream"] = json!(true);
     let chunks = sse_chunks(&s.post("/v1/chat/completions", &body).await.text().await.unwrap());
     assert!(chunks.iter().all(|c| c["routing"]["models"].is_array()), "every chunk carries the trace");
-    let streamed: Vec<String> = chunks.iter().flat_map(|c| c["routing"]["models"].as_array().unwrap().clone()).map(|m| m.as_str().unwrap().to_string()).collect();
+    let streamed: Vec<String> = chunks
+        .iter()
+        .flat_map(|c| c["routing"]["models"].as_array().unwrap().clone())
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect();
     assert_eq!(streamed, trace);
 
     // Only the default policy is allowed by this server.
@@ -186,7 +201,11 @@ async fn a_client_that_disconnects_mid_stream_frees_all_kv() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_on_a_whole_response_cancels_it() {
     let Some(s) = TestServer::start(test_limits(), vec![]).await else { return };
-    let request = s.client.post(format!("{}/v1/chat/completions", s.url)).json(&chat("Tell me a long story", MAX_TOKENS_LIMIT, 1));
+    let request = s.client.post(format!("{}/v1/chat/completions", s.url)).json(&chat(
+        "Tell me a long story",
+        MAX_TOKENS_LIMIT,
+        1,
+    ));
     let started = std::time::Instant::now();
     let gave_up = request.timeout(Duration::from_millis(300)).send().await;
     assert!(gave_up.is_err_and(|e| e.is_timeout()), "the response takes longer than the client waits");
@@ -203,15 +222,68 @@ async fn bad_requests_get_their_status_and_envelope_and_the_server_keeps_serving
     let chat_url = format!("{}/v1/chat/completions", s.url);
     let long_text = "hello ".repeat(CONTEXT + 100);
     let cases: Vec<(&str, reqwest::RequestBuilder, u16, Option<&str>)> = vec![
-        ("malformed JSON", s.client.post(&chat_url).header("content-type", "application/json").body(r#"{"messages": [{"role": "#), 400, None),
-        ("wrong type", s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "temperature": "hot" })), 400, Some("temperature")),
-        ("wrong nested type", s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": "yes"} })), 400, Some("stream_options.include_usage")),
-        ("unknown model", s.client.post(&chat_url).json(&json!({ "model": "gpt-9", "messages": [{"role": "user", "content": "hi"}] })), 404, Some("model")),
-        ("chat prompt over the context", s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": long_text}] })), 400, Some("messages")),
-        ("token prompt over the context", s.client.post(format!("{}/v1/completions", s.url)).json(&json!({ "prompt": vec![100; CONTEXT + 1] })), 400, Some("prompt")),
-        ("max_tokens over the limit", s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS_LIMIT + 1 })), 400, Some("max_tokens")),
-        ("n = 2", s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "n": 2 })), 400, Some("n")),
-        ("body too large", s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "x".repeat(100 << 10)}] })), 413, None),
+        (
+            "malformed JSON",
+            s.client.post(&chat_url).header("content-type", "application/json").body(r#"{"messages": [{"role": "#),
+            400,
+            None,
+        ),
+        (
+            "wrong type",
+            s.client
+                .post(&chat_url)
+                .json(&json!({ "messages": [{"role": "user", "content": "hi"}], "temperature": "hot" })),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "wrong nested type",
+            s.client.post(&chat_url).json(
+                &json!({ "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": "yes"} }),
+            ),
+            400,
+            Some("stream_options.include_usage"),
+        ),
+        (
+            "unknown model",
+            s.client
+                .post(&chat_url)
+                .json(&json!({ "model": "gpt-9", "messages": [{"role": "user", "content": "hi"}] })),
+            404,
+            Some("model"),
+        ),
+        (
+            "chat prompt over the context",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": long_text}] })),
+            400,
+            Some("messages"),
+        ),
+        (
+            "token prompt over the context",
+            s.client.post(format!("{}/v1/completions", s.url)).json(&json!({ "prompt": vec![100; CONTEXT + 1] })),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "max_tokens over the limit",
+            s.client
+                .post(&chat_url)
+                .json(&json!({ "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS_LIMIT + 1 })),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "n = 2",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "n": 2 })),
+            400,
+            Some("n"),
+        ),
+        (
+            "body too large",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "x".repeat(100 << 10)}] })),
+            413,
+            None,
+        ),
         ("unknown route", s.client.get(format!("{}/v1/nothing", s.url)), 404, None),
     ];
     for (what, request, status, param) in cases {

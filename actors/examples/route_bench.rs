@@ -63,7 +63,12 @@ fn parse() -> Args {
 }
 
 fn spec(name: &str, path: &PathBuf, threads: Option<usize>) -> ModelSpec {
-    ModelSpec { name: name.into(), path: path.clone(), load: LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() }, threads }
+    ModelSpec {
+        name: name.into(),
+        path: path.clone(),
+        load: LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() },
+        threads,
+    }
 }
 
 struct Run {
@@ -145,11 +150,15 @@ async fn main() {
         let threads = |i: usize| split.as_ref().filter(|_| dirs.len() > 1).map(|s| s[i]);
         dirs.iter().enumerate().map(|(i, (n, p))| spec(n, p, threads(i))).collect::<Vec<_>>()
     };
-    let infos = |n: usize| (0..n).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: 0 }).collect::<Vec<_>>();
+    let infos = |n: usize| {
+        (0..n).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: 0 }).collect::<Vec<_>>()
+    };
     let random: Arc<dyn Policy> =
-        policy::build("random", &serde_json::json!({ "p": a.p }), &infos(2), &PolicyContext::default()).expect("random policy");
+        policy::build("random", &serde_json::json!({ "p": a.p }), &infos(2), &PolicyContext::default())
+            .expect("random policy");
     let always: Arc<dyn Policy> =
-        policy::build("always", &serde_json::json!({ "model": 0 }), &infos(1), &PolicyContext::default()).expect("always policy");
+        policy::build("always", &serde_json::json!({ "model": 0 }), &infos(1), &PolicyContext::default())
+            .expect("always policy");
     let routed = |thresholds: &[usize]| EngineConfig {
         models: models(&[("small", &a.small), ("large", &a.large)]),
         default_policy: random.clone(),
@@ -168,7 +177,8 @@ async fn main() {
     let mut runs = Vec::new();
     let wants = |r: &str| a.runs.iter().any(|x| x == r);
     if wants("routed") {
-        let label = format!("routed p={} B={:?}{}, {n} clients", a.p, a.thresholds, if a.exclusive { " turns" } else { "" });
+        let label =
+            format!("routed p={} B={:?}{}, {n} clients", a.p, a.thresholds, if a.exclusive { " turns" } else { "" });
         runs.push(run(&label, routed(&a.thresholds), n, n, &a).await);
     }
     if wants("large") {
@@ -180,7 +190,10 @@ async fn main() {
     if wants("large-sequential") {
         runs.push(run("large only, one request at a time", large_only(), n.min(4), 1, &a).await);
     }
-    println!("\n{:<42} {:>8} {:>9} {:>10}  busy fraction per model; tokens per model", "run", "tokens", "seconds", "tokens/s");
+    println!(
+        "\n{:<42} {:>8} {:>9} {:>10}  busy fraction per model; tokens per model",
+        "run", "tokens", "seconds", "tokens/s"
+    );
     for r in &runs {
         let busy: Vec<String> = r.busy.iter().map(|(m, f)| format!("{m} {:.0}%", 100.0 * f)).collect();
         println!(

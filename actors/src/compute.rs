@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use tokenrouter_core::model::{Backend, CandleBackend, KvCapacity, ModelConfig};
-use tokenrouter_core::sched::{Arrival, BatchingRule, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig, SubserverStats};
+use tokenrouter_core::sched::{
+    Arrival, BatchingRule, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig, SubserverStats,
+};
 
 use crate::config::ModelSpec;
 use crate::error::EngineError;
@@ -72,13 +74,19 @@ pub(crate) fn spawn(
             let backend = match CandleBackend::load(&spec.path, &spec.load) {
                 Ok(b) => b,
                 Err(e) => {
-                    let _ = loaded_tx.send(Err(EngineError::ModelLoad { model: spec.name.clone(), message: e.to_string() }));
+                    let _ = loaded_tx
+                        .send(Err(EngineError::ModelLoad { model: spec.name.clone(), message: e.to_string() }));
                     return;
                 }
             };
             let _ = loaded_tx.send(Ok(Loaded { config: backend.config().clone(), capacity: backend.kv_capacity() }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
-                let work = ComputeLoop { sub: Subserver::new(config, Box::new(backend), rule), links, restarts: 0, panic_next: false };
+                let work = ComputeLoop {
+                    sub: Subserver::new(config, Box::new(backend), rule),
+                    links,
+                    restarts: 0,
+                    panic_next: false,
+                };
                 match own_pool(spec.threads) {
                     Some(pool) => pool.install(|| work.run(&rx)),
                     None => work.run(&rx),
@@ -221,7 +229,8 @@ impl ComputeLoop {
         let model = self.links.name.clone();
         metrics::histogram!("tokenrouter_step_seconds", "model" => model.clone()).record(outcome.elapsed.as_secs_f64());
         metrics::histogram!("tokenrouter_batch_rows", "model" => model.clone()).record(outcome.rows as f64);
-        metrics::counter!("tokenrouter_tokens_fed_total", "model" => model.clone()).increment(outcome.tokens_fed as u64);
+        metrics::counter!("tokenrouter_tokens_fed_total", "model" => model.clone())
+            .increment(outcome.tokens_fed as u64);
         for (to, _) in &outcome.handoffs {
             let peer = self.links.model_names.get(*to).cloned().unwrap_or_default();
             metrics::counter!("tokenrouter_handoffs_total", "from" => model.clone(), "to" => peer).increment(1);
@@ -231,7 +240,8 @@ impl ComputeLoop {
         let st = self.sub.stats();
         let decided = st.tokens_committed + st.handoffs_out;
         if decided > 0 {
-            metrics::gauge!("tokenrouter_routed_fraction", "model" => model.clone()).set(st.handoffs_out as f64 / decided as f64);
+            metrics::gauge!("tokenrouter_routed_fraction", "model" => model.clone())
+                .set(st.handoffs_out as f64 / decided as f64);
         }
         let kv = self.sub.backend().kv_capacity();
         metrics::gauge!("tokenrouter_kv_blocks_used", "model" => model.clone()).set(kv.used_blocks() as f64);

@@ -21,9 +21,11 @@ use crate::events::{GenerateRequest, GenerationEvent};
 use crate::kv_manager::{KvManager, KvManagerArgs, KvMsg, KvUsage};
 use crate::registry::Registry;
 use crate::request::{RequestActor, RequestArgs, RequestMsg, TextStream};
-use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
-use tokenrouter_core::tokenize::{shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError};
 use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
+use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
+use tokenrouter_core::tokenize::{
+    shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError,
+};
 
 /// State every request actor and the engine handle share.
 pub struct EngineShared {
@@ -90,7 +92,12 @@ impl Actor for Supervisor {
         Ok(())
     }
 
-    async fn handle_supervisor_evt(&self, _: ActorRef<()>, event: SupervisionEvent, _: &mut ()) -> Result<(), ActorProcessingErr> {
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<()>,
+        event: SupervisionEvent,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(who, why) = event {
             tracing::error!(actor = ?who.get_id(), %why, "engine actor failed");
             let shared = self.shared.get().and_then(Weak::upgrade);
@@ -133,7 +140,10 @@ impl Engine {
         }
         let mut loaded = Vec::new();
         for (_, ready, _) in &started {
-            let model = ready.recv_async().await.map_err(|_| EngineError::Internal("a compute thread died while loading".into()))??;
+            let model = ready
+                .recv_async()
+                .await
+                .map_err(|_| EngineError::Internal("a compute thread died while loading".into()))??;
             loaded.push(model);
         }
         let configs: Vec<ModelConfig> = loaded.iter().map(|l| l.config.clone()).collect();
@@ -155,15 +165,21 @@ impl Engine {
         let mut subservers = Vec::new();
         for (name, (tx, _, thread)) in names.iter().zip(started) {
             let args = SubserverArgs { compute: tx, thread };
-            let (actor, _) = Actor::spawn_linked(None, SubserverActor, args, root.get_cell()).await.map_err(spawn_err)?;
+            let (actor, _) =
+                Actor::spawn_linked(None, SubserverActor, args, root.get_cell()).await.map_err(spawn_err)?;
             tracing::info!(model = %name, "subserver up");
             subservers.push(actor);
         }
-        let kv_args = KvManagerArgs { model_names: names.clone(), capacity_tokens: capacities.iter().map(|c| c.total_tokens()).collect() };
+        let kv_args = KvManagerArgs {
+            model_names: names.clone(),
+            capacity_tokens: capacities.iter().map(|c| c.total_tokens()).collect(),
+        };
         let (kv, _) = Actor::spawn_linked(None, KvManager, kv_args, root.get_cell()).await.map_err(spawn_err)?;
         let tokenizer = shared_tokenizer(&config)?;
         let tokenizer_actor = match &tokenizer {
-            Some(t) => Some(Actor::spawn_linked(None, TokenizerActor, t.clone(), root.get_cell()).await.map_err(spawn_err)?.0),
+            Some(t) => {
+                Some(Actor::spawn_linked(None, TokenizerActor, t.clone(), root.get_cell()).await.map_err(spawn_err)?.0)
+            }
             None => None,
         };
         let mut eos_ids: Vec<u32> = configs.iter().flat_map(|c| c.eos_token_ids.iter().copied()).collect();
@@ -374,12 +390,14 @@ fn shared_tokenizer(config: &EngineConfig) -> Result<Option<TextTokenizer>, Engi
     let mut found: Vec<TextTokenizer> = Vec::new();
     for m in &config.models {
         if m.path.join("tokenizer.json").is_file() {
-            let t = TextTokenizer::from_folder(&m.path).map_err(|e| EngineError::ModelLoad { model: m.name.clone(), message: e.to_string() })?;
+            let t = TextTokenizer::from_folder(&m.path)
+                .map_err(|e| EngineError::ModelLoad { model: m.name.clone(), message: e.to_string() })?;
             found.push(t);
         }
     }
     for other in found.iter().skip(1) {
-        shared_vocab_check(&found[0], other).map_err(|e| EngineError::Config(format!("the models do not share a tokenizer: {e}")))?;
+        shared_vocab_check(&found[0], other)
+            .map_err(|e| EngineError::Config(format!("the models do not share a tokenizer: {e}")))?;
     }
     if !found.is_empty() && found.len() < config.models.len() {
         tracing::warn!("some model folders have no tokenizer.json; using the one found");

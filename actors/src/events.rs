@@ -58,8 +58,23 @@ pub enum GenerationEvent {
     /// A committed token; `text` is the text it completes (empty while a UTF-8
     /// character or a possible stop string is still being held back, and always
     /// empty when the engine has no tokenizer).
-    Token { index: usize, token: u32, model: ModelIndex, logprob: Option<f32>, top_logprobs: Vec<(u32, f32)>, text: String },
+    Token {
+        index: usize,
+        token: u32,
+        model: ModelIndex,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(u32, f32)>,
+        text: String,
+    },
     /// The end; `text` is whatever was held back until now.
-    Finished { reason: FinishReason, usage: Usage, text: String, stop: Option<String> },
-    Error { message: String, usage: Usage },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        text: String,
+        stop: Option<String>,
+    },
+    Error {
+        message: String,
+        usage: Usage,
+    },
 }

@@ -12,7 +12,11 @@ use crate::error::EngineError;
 
 pub enum KvMsg {
     /// Reserve `tokens` on every model; the reply comes once they fit.
-    Admit { id: RequestId, tokens: usize, reply: RpcReplyPort<Result<(), EngineError>> },
+    Admit {
+        id: RequestId,
+        tokens: usize,
+        reply: RpcReplyPort<Result<(), EngineError>>,
+    },
     Release(RequestId),
     Usage(RpcReplyPort<KvUsage>),
 }
@@ -79,7 +83,11 @@ impl Actor for KvManager {
         match msg {
             KvMsg::Admit { id, tokens, reply } => {
                 if let Some((i, &capacity)) = state.capacity.iter().enumerate().find(|(_, &c)| tokens > c) {
-                    let _ = reply.send(Err(EngineError::TooLarge { needed: tokens, capacity, model: state.names[i].clone() }));
+                    let _ = reply.send(Err(EngineError::TooLarge {
+                        needed: tokens,
+                        capacity,
+                        model: state.names[i].clone(),
+                    }));
                 } else if state.waiting.is_empty() && state.fits(tokens) {
                     if reply.send(Ok(())).is_ok() {
                         state.reserved += tokens;

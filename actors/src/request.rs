@@ -73,7 +73,9 @@ impl Actor for RequestActor {
     async fn pre_start(&self, me: ActorRef<RequestMsg>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
         let models = args.shared.model_count();
         if let Some(limit) = args.deadline {
-            me.send_after(limit, move || RequestMsg::Abort(format!("deadline of {:.1}s exceeded", limit.as_secs_f64())));
+            me.send_after(limit, move || {
+                RequestMsg::Abort(format!("deadline of {:.1}s exceeded", limit.as_secs_f64()))
+            });
         }
         Ok(RequestState {
             id: args.id,
@@ -86,7 +88,12 @@ impl Actor for RequestActor {
         })
     }
 
-    async fn handle(&self, me: ActorRef<RequestMsg>, msg: RequestMsg, s: &mut RequestState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        me: ActorRef<RequestMsg>,
+        msg: RequestMsg,
+        s: &mut RequestState,
+    ) -> Result<(), ActorProcessingErr> {
         let ended = match msg {
             RequestMsg::Event(RequestEvent::Token { index, token, model, logprob, top_logprobs, .. }) => {
                 if index != s.committed.len() {
@@ -95,7 +102,8 @@ impl Actor for RequestActor {
                     end_with_error(s, message)
                 } else {
                     if s.committed.is_empty() {
-                        metrics::histogram!("tokenrouter_request_ttft_seconds").record(s.submitted.elapsed().as_secs_f64());
+                        metrics::histogram!("tokenrouter_request_ttft_seconds")
+                            .record(s.submitted.elapsed().as_secs_f64());
                     }
                     s.committed.push(token);
                     s.usage.completion_tokens += 1;
@@ -108,10 +116,18 @@ impl Actor for RequestActor {
                     };
                     let (text, stop) = step.map(|st| (st.text, st.stop)).unwrap_or_default();
                     // A failed send means the client is gone: stop working for it.
-                    let gone = s.client.send(GenerationEvent::Token { index, token, model, logprob, top_logprobs, text }).is_err();
+                    let gone = s
+                        .client
+                        .send(GenerationEvent::Token { index, token, model, logprob, top_logprobs, text })
+                        .is_err();
                     if let Some(stop) = stop {
                         let usage = s.usage.clone();
-                        let event = GenerationEvent::Finished { reason: FinishReason::Stop, usage, text: String::new(), stop: Some(stop.stop) };
+                        let event = GenerationEvent::Finished {
+                            reason: FinishReason::Stop,
+                            usage,
+                            text: String::new(),
+                            stop: Some(stop.stop),
+                        };
                         let _ = s.client.send(event);
                     }
                     gone || s.text.as_ref().is_some_and(|t| t.stops.is_stopped())
@@ -126,7 +142,9 @@ impl Actor for RequestActor {
                 let _ = s.client.send(GenerationEvent::Finished { reason, usage: s.usage.clone(), text, stop: None });
                 true
             }
-            RequestMsg::Event(RequestEvent::Failed { message, .. }) | RequestMsg::Abort(message) => end_with_error(s, message),
+            RequestMsg::Event(RequestEvent::Failed { message, .. }) | RequestMsg::Abort(message) => {
+                end_with_error(s, message)
+            }
             RequestMsg::Cancel => true,
             RequestMsg::InjectPanic => panic!("injected request-actor fault"),
         };

@@ -34,11 +34,20 @@ impl Actor for SubserverActor {
     type State = SubserverState;
     type Arguments = SubserverArgs;
 
-    async fn pre_start(&self, _: ActorRef<SubserverMsg>, args: SubserverArgs) -> Result<SubserverState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<SubserverMsg>,
+        args: SubserverArgs,
+    ) -> Result<SubserverState, ActorProcessingErr> {
         Ok(SubserverState { compute: args.compute, thread: Some(args.thread) })
     }
 
-    async fn handle(&self, _: ActorRef<SubserverMsg>, msg: SubserverMsg, state: &mut SubserverState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<SubserverMsg>,
+        msg: SubserverMsg,
+        state: &mut SubserverState,
+    ) -> Result<(), ActorProcessingErr> {
         let forward = match msg {
             SubserverMsg::Admit(a) => ComputeMsg::Arrive(a),
             SubserverMsg::Release(id) => ComputeMsg::Release(id),

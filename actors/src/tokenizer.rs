@@ -6,9 +6,17 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokenrouter_core::tokenize::{ChatMessage, ChatTemplate, RenderOptions, TextTokenizer, TokenizeError};
 
 pub enum TokenizerMsg {
-    Encode { text: String, add_special_tokens: bool, reply: RpcReplyPort<Result<Vec<u32>, TokenizeError>> },
+    Encode {
+        text: String,
+        add_special_tokens: bool,
+        reply: RpcReplyPort<Result<Vec<u32>, TokenizeError>>,
+    },
     /// Renders a conversation with the chat template and encodes it.
-    Chat { messages: Vec<ChatMessage>, options: RenderOptions, reply: RpcReplyPort<Result<RenderedChat, TokenizeError>> },
+    Chat {
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+        reply: RpcReplyPort<Result<RenderedChat, TokenizeError>>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -29,7 +37,11 @@ impl Actor for TokenizerActor {
     type State = TokenizerState;
     type Arguments = TextTokenizer;
 
-    async fn pre_start(&self, _: ActorRef<TokenizerMsg>, tokenizer: TextTokenizer) -> Result<TokenizerState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<TokenizerMsg>,
+        tokenizer: TextTokenizer,
+    ) -> Result<TokenizerState, ActorProcessingErr> {
         let template = match ChatTemplate::from_config(tokenizer.config()) {
             Ok(t) => Some(t),
             Err(TokenizeError::NoChatTemplate) => None,
@@ -38,7 +50,12 @@ impl Actor for TokenizerActor {
         Ok(TokenizerState { tokenizer, template })
     }
 
-    async fn handle(&self, _: ActorRef<TokenizerMsg>, msg: TokenizerMsg, s: &mut TokenizerState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<TokenizerMsg>,
+        msg: TokenizerMsg,
+        s: &mut TokenizerState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             TokenizerMsg::Encode { text, add_special_tokens, reply } => {
                 let _ = reply.send(s.tokenizer.encode(&text, add_special_tokens));
@@ -51,7 +68,11 @@ impl Actor for TokenizerActor {
     }
 }
 
-fn render(s: &TokenizerState, messages: &[ChatMessage], options: &RenderOptions) -> Result<RenderedChat, TokenizeError> {
+fn render(
+    s: &TokenizerState,
+    messages: &[ChatMessage],
+    options: &RenderOptions,
+) -> Result<RenderedChat, TokenizeError> {
     let template = s.template.as_ref().ok_or(TokenizeError::NoChatTemplate)?;
     let text = template.render(messages, options)?;
     // The template writes special tokens (BOS included) itself.

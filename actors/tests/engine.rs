@@ -8,10 +8,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use tempfile::TempDir;
 use tokenrouter_actors::{Engine, EngineConfig, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
+use tokenrouter_core::model::generate::generate;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::qwen3_shaped;
 use tokenrouter_core::model::sampler::SamplingParams;
-use tokenrouter_core::model::generate::generate;
 use tokenrouter_core::model::{CandleBackend, LoadOptions};
 use tokenrouter_core::policy::{self, ModelIndex, ModelInfo, Policy, PolicyContext};
 use tokenrouter_core::sched::reference::Reference;
@@ -22,7 +22,8 @@ const VOCAB: usize = 400;
 const RSTITCH_TAU: f64 = 0.82;
 
 fn policy(name: &str, params: serde_json::Value, models: usize) -> Arc<dyn Policy> {
-    let infos: Vec<ModelInfo> = (0..models).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: VOCAB }).collect();
+    let infos: Vec<ModelInfo> =
+        (0..models).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: VOCAB }).collect();
     policy::build(name, &params, &infos, &PolicyContext::default()).unwrap()
 }
 
@@ -58,7 +59,12 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
             .dirs
             .iter()
             .enumerate()
-            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: load_options(), threads: None })
+            .map(|(i, d)| ModelSpec {
+                name: format!("m{i}"),
+                path: d.path().to_path_buf(),
+                load: load_options(),
+                threads: None,
+            })
             .collect(),
         default_policy: policy,
         batching: BatchingRule::fixed(thresholds),
@@ -70,7 +76,12 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
 fn request(i: u64) -> GenerateRequest {
     let prompt: Vec<u32> = (0..(3 + i * 5) % 29 + 2).map(|k| ((k * 13 + i * 31) % VOCAB as u64) as u32).collect();
     let mut r = GenerateRequest::new(prompt, 10 + (i as usize * 3) % 11);
-    r.sampling = SamplingParams { temperature: if i % 3 == 0 { 0.0 } else { 0.8 }, top_p: 0.95, seed: 1000 + i, ..SamplingParams::default() };
+    r.sampling = SamplingParams {
+        temperature: if i % 3 == 0 { 0.0 } else { 0.8 },
+        top_p: 0.95,
+        seed: 1000 + i,
+        ..SamplingParams::default()
+    };
     r.ignore_eos = true;
     r
 }
@@ -88,13 +99,25 @@ async fn collect(engine: &Engine, r: GenerateRequest) -> (Vec<(u32, ModelIndex)>
 }
 
 fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64, Vec<(u32, ModelIndex, f32)>> {
-    let mut backends: Vec<CandleBackend> = m.dirs.iter().map(|d| CandleBackend::load(d.path(), &load_options()).unwrap()).collect();
-    let mut reference = Reference { models: backends.iter_mut().map(|b| b as &mut dyn tokenrouter_core::model::Backend).collect(), shared_vocab: VOCAB, max_context: 4096 };
+    let mut backends: Vec<CandleBackend> =
+        m.dirs.iter().map(|d| CandleBackend::load(d.path(), &load_options()).unwrap()).collect();
+    let mut reference = Reference {
+        models: backends.iter_mut().map(|b| b as &mut dyn tokenrouter_core::model::Backend).collect(),
+        shared_vocab: VOCAB,
+        max_context: 4096,
+    };
     (0..n)
         .map(|i| {
             let r = request(i);
             // The engine's seeds and stop ids come from the same request fields.
-            let spec = RequestSpec { id: i, prompt: r.prompt, max_tokens: r.max_tokens, sampling: r.sampling, stop_ids: vec![], policy: policy.clone() };
+            let spec = RequestSpec {
+                id: i,
+                prompt: r.prompt,
+                max_tokens: r.max_tokens,
+                sampling: r.sampling,
+                stop_ids: vec![],
+                policy: policy.clone(),
+            };
             let out = reference.run(&spec).unwrap();
             (i, out.tokens.iter().map(|t| (t.token, t.model, t.top2_gap)).collect())
         })
@@ -167,7 +190,9 @@ async fn ensemble_of_three_serving_equals_the_sequential_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_small_equals_plain_small_model_generation() {
     let m = models(&[48, 64]);
-    let engine = Engine::start(engine_config(&m, policy("always", serde_json::json!({ "model": 0 }), 2), &[1, 1])).await.unwrap();
+    let engine = Engine::start(engine_config(&m, policy("always", serde_json::json!({ "model": 0 }), 2), &[1, 1]))
+        .await
+        .unwrap();
     let mut small = CandleBackend::load(m.dirs[0].path(), &load_options()).unwrap();
     for i in 0..4 {
         let r = request(i);
@@ -287,4 +312,3 @@ async fn a_failing_request_actor_ends_its_stream_and_frees_its_kv() {
     wait_until_everything_is_freed(&engine).await;
     engine.shutdown().await;
 }
-

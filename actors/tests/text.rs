@@ -27,7 +27,8 @@ fn tiny_with_tokenizer(seed: u64, tokenizer: &PathBuf) -> TempDir {
 }
 
 fn config(dirs: &[&TempDir]) -> EngineConfig {
-    let infos: Vec<ModelInfo> = (0..dirs.len()).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 64, vocab_size: 151_936 }).collect();
+    let infos: Vec<ModelInfo> =
+        (0..dirs.len()).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 64, vocab_size: 151_936 }).collect();
     let p = if dirs.len() > 1 { serde_json::json!({ "p": 0.3 }) } else { serde_json::json!({ "p": 0.0 }) };
     let name = if dirs.len() > 1 { "random" } else { "always" };
     let params = if dirs.len() > 1 { p } else { serde_json::json!({}) };
@@ -35,7 +36,12 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
         models: dirs
             .iter()
             .enumerate()
-            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() }, threads: None })
+            .map(|(i, d)| ModelSpec {
+                name: format!("m{i}"),
+                path: d.path().to_path_buf(),
+                load: LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() },
+                threads: None,
+            })
             .collect(),
         default_policy: policy::build(name, &params, &infos, &PolicyContext::default()).unwrap(),
         batching: BatchingRule::eager(dirs.len()),
@@ -76,7 +82,10 @@ async fn chat_prompt_streams_text_equal_to_full_decode_and_stops_on_strings() {
     let (a, b) = (tiny_with_tokenizer(1, &qwen), tiny_with_tokenizer(2, &qwen));
     let engine = Engine::start(config(&[&a, &b])).await.unwrap();
     let chat = engine
-        .chat(vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hello, 世界!")], RenderOptions { add_generation_prompt: true, ..RenderOptions::default() })
+        .chat(
+            vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hello, 世界!")],
+            RenderOptions { add_generation_prompt: true, ..RenderOptions::default() },
+        )
         .await
         .unwrap();
     assert!(chat.text.ends_with("<|im_start|>assistant\n"), "{}", chat.text);

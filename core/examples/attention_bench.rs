@@ -13,7 +13,13 @@ use tokenrouter_core::model::rope::Rope;
 
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
-    (0..runs).map(|_| { let t = Instant::now(); f(); t.elapsed().as_secs_f64() * 1e3 }).fold(f64::INFINITY, f64::min)
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// `rows` sequences at `context` positions each feed `new` tokens.
@@ -24,7 +30,8 @@ fn case(rows: usize, context: usize, new: usize) {
     let blocks_per_row = (context + new).div_ceil(bs);
     let mut store = PagedKvStore::new(&c, rows * blocks_per_row + 1, bs);
     let rope = Rope::new(&c);
-    let row_blocks: Vec<Vec<u32>> = (0..rows).map(|r| (0..blocks_per_row).map(|b| (r * blocks_per_row + b) as u32).collect()).collect();
+    let row_blocks: Vec<Vec<u32>> =
+        (0..rows).map(|r| (0..blocks_per_row).map(|b| (r * blocks_per_row + b) as u32).collect()).collect();
     let (mut row_of, mut pos, mut slot) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rows {
         for i in 0..new {
@@ -53,7 +60,21 @@ fn case(rows: usize, context: usize, new: usize) {
     let seqlens_k = Tensor::from_vec(vec![(context + new) as u32; rows], rows, &Device::Cpu).unwrap();
     let scale = 1.0 / (d as f32).sqrt();
     let candle = best_of(3, || {
-        let o = candle_nn::attention::cpu_flash::varlen::flash_attn_varlen_cpu(&q, &k, &v, None, &seqlens_q, &seqlens_k, new, context + new, scale, true, None, None).unwrap();
+        let o = candle_nn::attention::cpu_flash::varlen::flash_attn_varlen_cpu(
+            &q,
+            &k,
+            &v,
+            None,
+            &seqlens_q,
+            &seqlens_k,
+            new,
+            context + new,
+            scale,
+            true,
+            None,
+            None,
+        )
+        .unwrap();
         std::hint::black_box(o);
     });
     // What candle would add per layer: copying every row's K and V out of the blocks.

@@ -8,11 +8,13 @@ use tokenrouter_core::model::matmul::matmul_xwt;
 
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
-    (0..runs).map(|_| {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
-    }).fold(f64::INFINITY, f64::min)
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 fn main() -> candle_core::Result<()> {
@@ -22,15 +24,18 @@ fn main() -> candle_core::Result<()> {
         let data = vec![1.0f32; 80 << 20];
         for chunk in [1usize << 16, 1 << 20, 10 << 20] {
             let t = best_of(5, || {
-                let s: f32 = data.par_chunks(chunk).map(|c| {
-                    let mut acc = [0f32; 16];
-                    for v in c.chunks_exact(16) {
-                        for l in 0..16 {
-                            acc[l] += v[l];
+                let s: f32 = data
+                    .par_chunks(chunk)
+                    .map(|c| {
+                        let mut acc = [0f32; 16];
+                        for v in c.chunks_exact(16) {
+                            for l in 0..16 {
+                                acc[l] += v[l];
+                            }
                         }
-                    }
-                    acc.iter().sum::<f32>()
-                }).sum();
+                        acc.iter().sum::<f32>()
+                    })
+                    .sum();
                 std::hint::black_box(s);
             });
             println!("read-only sum, chunk {chunk}: {:.1} GB/s", (data.len() * 4) as f64 / t / 1e9);
@@ -64,7 +69,9 @@ fn main() -> candle_core::Result<()> {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
             let xv: Vec<f32> = x.flatten_all()?.to_vec1()?;
             let wt = w.t()?;
-            let c = best_of(5, || { std::hint::black_box(x.matmul(&wt).unwrap()); });
+            let c = best_of(5, || {
+                std::hint::black_box(x.matmul(&wt).unwrap());
+            });
             let mut y = vec![0f32; m * n];
             let o = best_of(5, || matmul_xwt(&xv, &wv, &mut y, m, k, n));
             let gbs = (n * k * 4) as f64 / o / 1e9;

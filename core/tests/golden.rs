@@ -31,8 +31,7 @@ fn fixture(name: &str) -> PathBuf {
 
 fn load(name: &str) -> (CandleBackend, Golden) {
     let dir = fixture(name);
-    let golden: Golden =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let golden: Golden = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let backend = CandleBackend::load(&dir, &LoadOptions { block_size: 4, ..LoadOptions::default() }).unwrap();
     (backend, golden)
 }
@@ -78,13 +77,13 @@ fn check_incremental(name: &str) {
     let ids = &golden.sequences[0].input_ids;
     let inc = &golden.incremental;
     let mut kv = backend.new_sequence();
-    let out = backend
-        .forward(&mut [RowInput { kv: &mut kv, tokens: &ids[..inc.prefill_len], start: 0 }], false)
-        .unwrap();
+    let out =
+        backend.forward(&mut [RowInput { kv: &mut kv, tokens: &ids[..inc.prefill_len], start: 0 }], false).unwrap();
     assert!(max_diff(out.row_logits(0), &inc.step_logits[0]) < golden.tolerance);
     for (step, want) in inc.step_logits.iter().enumerate().skip(1) {
         let pos = inc.prefill_len + step - 1;
-        let out = backend.forward(&mut [RowInput { kv: &mut kv, tokens: &ids[pos..pos + 1], start: pos }], false).unwrap();
+        let out =
+            backend.forward(&mut [RowInput { kv: &mut kv, tokens: &ids[pos..pos + 1], start: pos }], false).unwrap();
         let diff = max_diff(out.row_logits(0), want);
         assert!(diff < golden.tolerance, "{name}: step {step}: max |Δlogit| {diff}");
     }

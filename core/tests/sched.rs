@@ -40,7 +40,12 @@ impl Policy for TestPolicy {
 fn models() -> (TempDir, TempDir) {
     let make = |seed, hidden| {
         let dir = TempDir::new().unwrap();
-        write_random_model(&qwen3_shaped(hidden, 2, 4, 2, 2 * hidden, 400), &InitOptions { seed, std: 0.2 }, dir.path()).unwrap();
+        write_random_model(
+            &qwen3_shaped(hidden, 2, 4, 2, 2 * hidden, 400),
+            &InitOptions { seed, std: 0.2 },
+            dir.path(),
+        )
+        .unwrap();
         dir
     };
     (make(11, 64), make(12, 96))
@@ -48,7 +53,11 @@ fn models() -> (TempDir, TempDir) {
 
 fn load(dir: &TempDir, blocks: usize) -> CandleBackend {
     let config = tokenrouter_core::model::ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
-    let options = LoadOptions { kv_budget_bytes: blocks * 4 * config.kv_bytes_per_token(4), block_size: 4, ..LoadOptions::default() };
+    let options = LoadOptions {
+        kv_budget_bytes: blocks * 4 * config.kv_bytes_per_token(4),
+        block_size: 4,
+        ..LoadOptions::default()
+    };
     CandleBackend::load(dir.path(), &options).unwrap()
 }
 
@@ -56,8 +65,19 @@ fn specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
     (0..n)
         .map(|id| {
             let prompt: Vec<u32> = (0..(5 + id as u32 * 3) % 23 + 2).map(|i| (i * 17 + id as u32 * 29) % 400).collect();
-            let sampling = SamplingParams { temperature: if id % 2 == 0 { 0.0 } else { 0.9 }, seed: 100 + id, ..SamplingParams::default() };
-            Arc::new(RequestSpec { id, prompt, max_tokens: 12 + id as usize % 7, sampling, stop_ids: vec![], policy: policy.clone() })
+            let sampling = SamplingParams {
+                temperature: if id % 2 == 0 { 0.0 } else { 0.9 },
+                seed: 100 + id,
+                ..SamplingParams::default()
+            };
+            Arc::new(RequestSpec {
+                id,
+                prompt,
+                max_tokens: 12 + id as usize % 7,
+                sampling,
+                stop_ids: vec![],
+                policy: policy.clone(),
+            })
         })
         .collect()
 }
@@ -160,7 +180,9 @@ fn a_tight_kv_pool_evicts_pending_requests_and_still_matches() {
     let mut subs: Vec<Subserver> = [&small, &large]
         .iter()
         .enumerate()
-        .map(|(m, dir)| Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, 12)), BatchingRule::eager(2)))
+        .map(|(m, dir)| {
+            Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, 12)), BatchingRule::eager(2))
+        })
         .collect();
     let got = serve(&mut subs, &specs, &[0, 1, 2, 3, 4, 5]);
     for s in &specs {

@@ -97,6 +97,8 @@ fn load_tokenizer(dir: &std::path::Path, required: bool) -> anyhow::Result<Optio
         }
         return Ok(None);
     }
-    let tok = tokenizers::Tokenizer::from_file(&path).map_err(anyhow::Error::msg).with_context(|| format!("loading {}", path.display()))?;
+    let tok = tokenizers::Tokenizer::from_file(&path)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("loading {}", path.display()))?;
     Ok(Some(tok))
 }

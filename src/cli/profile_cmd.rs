@@ -45,7 +45,8 @@ pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
     let name = args.model.display().to_string();
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let result = profile::run(&mut backend, &name, weight_bytes, limits, &spec, |what| bar.set_message(what.to_string()))?;
+    let result =
+        profile::run(&mut backend, &name, weight_bytes, limits, &spec, |what| bar.set_message(what.to_string()))?;
     bar.finish_and_clear();
     print_table(&result, args.dtype);
     std::fs::write(&args.out, serde_json::to_string_pretty(&result)?)
@@ -82,7 +83,8 @@ fn print_table(p: &Profile, dtype: WeightDtype) {
         for c in &contexts {
             let cell = match p.decode_at(*b, *c) {
                 Some(d) => {
-                    let limit = if *b == 1 { p.bandwidth_bound_tokens_per_sec() } else { p.gemm_bound_tokens_per_sec() };
+                    let limit =
+                        if *b == 1 { p.bandwidth_bound_tokens_per_sec() } else { p.gemm_bound_tokens_per_sec() };
                     format!("{:.1} ({:.0}, {:.0}%)", d.step_ms, d.tokens_per_sec, 100.0 * d.tokens_per_sec / limit)
                 }
                 None => "-".into(),

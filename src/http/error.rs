@@ -85,8 +85,12 @@ impl fmt::Display for ApiError {
             ApiError::Unauthorized => f.write_str("invalid or missing API key: send `Authorization: Bearer <key>`"),
             ApiError::UnknownModel(m) => write!(f, "the model `{m}` does not exist; see GET /v1/models"),
             ApiError::UnknownRoute(p) => write!(f, "no route {p}"),
-            ApiError::PayloadTooLarge { limit } => write!(f, "the request body is larger than the limit of {limit} bytes"),
-            ApiError::QueueFull { limit } => write!(f, "the server is at its limit of {limit} requests in flight; retry later"),
+            ApiError::PayloadTooLarge { limit } => {
+                write!(f, "the request body is larger than the limit of {limit} bytes")
+            }
+            ApiError::QueueFull { limit } => {
+                write!(f, "the server is at its limit of {limit} requests in flight; retry later")
+            }
             ApiError::ShuttingDown => f.write_str("the server is shutting down"),
             ApiError::Internal(m) => write!(f, "internal error: {m}"),
         }
@@ -115,7 +119,9 @@ impl From<EngineError> for ApiError {
             // The request can never fit this engine's KV: the client must ask for less.
             e @ EngineError::TooLarge { .. } => ApiError::bad_request(e.to_string(), Some("max_tokens")),
             EngineError::ShuttingDown => ApiError::ShuttingDown,
-            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => ApiError::Internal(e.to_string()),
+            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => {
+                ApiError::Internal(e.to_string())
+            }
         }
     }
 }
@@ -125,7 +131,9 @@ impl From<EngineError> for ApiError {
 impl From<JsonPayloadError> for ApiError {
     fn from(e: JsonPayloadError) -> Self {
         match e {
-            JsonPayloadError::OverflowKnownLength { limit, .. } | JsonPayloadError::Overflow { limit } => ApiError::PayloadTooLarge { limit },
+            JsonPayloadError::OverflowKnownLength { limit, .. } | JsonPayloadError::Overflow { limit } => {
+                ApiError::PayloadTooLarge { limit }
+            }
             JsonPayloadError::Deserialize(e) => ApiError::bad_request(format!("invalid JSON body: {e}"), None),
             JsonPayloadError::ContentType => ApiError::bad_request("expected Content-Type: application/json", None),
             other => ApiError::bad_request(other.to_string(), None),

@@ -42,7 +42,9 @@ fn check_key(req: &HttpRequest, keys: &[String]) -> Result<Authorized, ApiError>
         .map(str::trim);
     match given {
         // Compare every key in full so timing says nothing about which prefix matched.
-        Some(g) if keys.iter().fold(false, |hit, k| constant_time_eq(g.as_bytes(), k.as_bytes()) | hit) => Ok(Authorized),
+        Some(g) if keys.iter().fold(false, |hit, k| constant_time_eq(g.as_bytes(), k.as_bytes()) | hit) => {
+            Ok(Authorized)
+        }
         _ => Err(ApiError::Unauthorized),
     }
 }
@@ -65,7 +67,11 @@ impl<T: DeserializeOwned + 'static> FromRequest for ApiJson<T> {
             Ok(s) => s.limits.max_body_bytes,
             Err(e) => return Box::pin(ready(Err(e))),
         };
-        let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
         let mut payload = payload.take();
         Box::pin(async move {
             if declared.is_some_and(|n| n > limit) {

@@ -37,7 +37,11 @@ pub trait Generator: Send + Sync + 'static {
     fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>>;
 
     /// Renders a conversation with the chat template and tokenizes it.
-    fn chat(&self, messages: Vec<ChatMessage>, options: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>>;
+    fn chat(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+    ) -> BoxFuture<'_, Result<RenderedChat, EngineError>>;
 
     fn encode(&self, text: String, add_special_tokens: bool) -> BoxFuture<'_, Result<Vec<u32>, EngineError>>;
 
@@ -67,7 +71,11 @@ impl Generator for Engine {
         .boxed()
     }
 
-    fn chat(&self, messages: Vec<ChatMessage>, options: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
+    fn chat(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+    ) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
         Engine::chat(self, messages, options).boxed()
     }
 
@@ -81,7 +89,11 @@ impl Generator for Engine {
 
     fn stats(&self) -> BoxFuture<'_, EngineStats> {
         async move {
-            EngineStats { models: Engine::stats(self).await, kv: self.kv_usage().await, active_requests: self.active_requests() }
+            EngineStats {
+                models: Engine::stats(self).await,
+                kv: self.kv_usage().await,
+                active_requests: self.active_requests(),
+            }
         }
         .boxed()
     }

@@ -15,11 +15,19 @@ use super::response::{Collected, Shape, StreamEncoder, TokenInfo};
 use super::sse::SseStream;
 use super::state::{unix_now, AppState};
 
-pub async fn chat_completions(state: web::Data<AppState>, _: Authorized, body: ApiJson<OpenAiRequest>) -> Result<HttpResponse, ApiError> {
+pub async fn chat_completions(
+    state: web::Data<AppState>,
+    _: Authorized,
+    body: ApiJson<OpenAiRequest>,
+) -> Result<HttpResponse, ApiError> {
     serve(&state, body.0, Endpoint::Chat).await
 }
 
-pub async fn completions(state: web::Data<AppState>, _: Authorized, body: ApiJson<OpenAiRequest>) -> Result<HttpResponse, ApiError> {
+pub async fn completions(
+    state: web::Data<AppState>,
+    _: Authorized,
+    body: ApiJson<OpenAiRequest>,
+) -> Result<HttpResponse, ApiError> {
     serve(&state, body.0, Endpoint::Completions).await
 }
 

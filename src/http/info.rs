@@ -28,7 +28,8 @@ pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     if state.engine.ready().await {
         Ok(HttpResponse::Ok().json(json!({ "status": "ok" })))
     } else {
-        Ok(HttpResponse::ServiceUnavailable().json(json!({ "status": "unavailable", "message": "a subserver is not answering" })))
+        Ok(HttpResponse::ServiceUnavailable()
+            .json(json!({ "status": "unavailable", "message": "a subserver is not answering" })))
     }
 }
 

@@ -11,7 +11,8 @@ static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Latency buckets (seconds) so `_seconds` histograms are Prometheus histograms
 /// (aggregatable across instances) rather than summaries.
-const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const SECONDS_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 /// Installs the recorder on first call; later calls return the same handle. Fails
 /// only if some other recorder was installed first.

@@ -56,8 +56,15 @@ async fn dashboard() -> actix_web::HttpResponse {
 /// for any actix `Json` extractor. More routes can be added to what it returns.
 pub fn build_app(
     state: AppState,
-) -> App<impl ServiceFactory<ServiceRequest, Config = (), Response = ServiceResponse<impl MessageBody>, Error = actix_web::Error, InitError = ()>>
-{
+) -> App<
+    impl ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
     let limit = state.limits.max_body_bytes;
     let json = web::JsonConfig::default().limit(limit).error_handler(|e, _| ApiError::from(e).into());
     App::new()

@@ -158,10 +158,15 @@ impl OpenAiRequest {
             }
             (Endpoint::Chat, None | Some(Logprobs::Flag(false))) => Ok(None),
             (Endpoint::Chat, Some(Logprobs::Flag(true))) => Ok(Some(self.top_logprobs.unwrap_or(0) as usize)),
-            (Endpoint::Chat, Some(Logprobs::Count(_))) => Err(ApiError::bad_request("logprobs must be a boolean; use top_logprobs for alternatives", Some("logprobs"))),
+            (Endpoint::Chat, Some(Logprobs::Count(_))) => Err(ApiError::bad_request(
+                "logprobs must be a boolean; use top_logprobs for alternatives",
+                Some("logprobs"),
+            )),
             (Endpoint::Completions, None | Some(Logprobs::Flag(false))) => Ok(None),
             (Endpoint::Completions, Some(Logprobs::Count(n))) => Ok(Some(n as usize)),
-            (Endpoint::Completions, Some(Logprobs::Flag(true))) => Err(ApiError::bad_request("logprobs must be an integer (alternatives per token)", Some("logprobs"))),
+            (Endpoint::Completions, Some(Logprobs::Flag(true))) => {
+                Err(ApiError::bad_request("logprobs must be an integer (alternatives per token)", Some("logprobs")))
+            }
         }
     }
 
@@ -215,8 +220,12 @@ impl OpenAiRequest {
                 Some(Prompt::Tokens(ids)) => ids,
                 Some(Prompt::TokenLists(mut lists)) if lists.len() == 1 => lists.remove(0),
                 Some(Prompt::Text(text)) => state.engine.encode(text, true).await?,
-                Some(Prompt::Texts(mut texts)) if texts.len() == 1 => state.engine.encode(texts.remove(0), true).await?,
-                Some(_) => return Err(ApiError::bad_request("only one prompt per request is supported", Some("prompt"))),
+                Some(Prompt::Texts(mut texts)) if texts.len() == 1 => {
+                    state.engine.encode(texts.remove(0), true).await?
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_request("only one prompt per request is supported", Some("prompt")))
+                }
             },
         };
         Ok((ids, "prompt"))
@@ -243,11 +252,16 @@ impl OpenAiRequest {
             return Err(ApiError::bad_request(format!("{param} must be at least 1"), Some(param)));
         }
         if asked > limit as u64 {
-            return Err(ApiError::bad_request(format!("{param} is {asked}; this server allows at most {limit}"), Some(param)));
+            return Err(ApiError::bad_request(
+                format!("{param} is {asked}; this server allows at most {limit}"),
+                Some(param),
+            ));
         }
         let asked = asked as usize;
         if prompt_len + asked > context {
-            let m = format!("this model's context is {context} tokens; the prompt has {prompt_len} and {param} asks {asked} more");
+            let m = format!(
+                "this model's context is {context} tokens; the prompt has {prompt_len} and {param} asks {asked} more"
+            );
             return Err(ApiError::bad_request(m, Some(param)));
         }
         Ok(asked)
@@ -306,7 +320,9 @@ mod tests {
 
     #[test]
     fn bad_sampling_values_name_their_field() {
-        let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap().sampling(None).unwrap_err().param().map(str::to_string);
+        let r = |body: &[u8]| {
+            parse_json::<OpenAiRequest>(body).unwrap().sampling(None).unwrap_err().param().map(str::to_string)
+        };
         assert_eq!(r(br#"{"temperature":-1}"#).as_deref(), Some("temperature"));
         assert_eq!(r(br#"{"top_p":0}"#).as_deref(), Some("top_p"));
         assert_eq!(r(br#"{"presence_penalty":3}"#).as_deref(), Some("presence_penalty"));

@@ -50,7 +50,8 @@ impl Shape {
 
     /// `usage` with tokens per model by name and the switch count.
     pub fn usage(&self, u: &Usage) -> Value {
-        let per_model: Map<String, Value> = u.tokens_per_model.iter().enumerate().map(|(i, n)| (self.model_name(i), json!(n))).collect();
+        let per_model: Map<String, Value> =
+            u.tokens_per_model.iter().enumerate().map(|(i, n)| (self.model_name(i), json!(n))).collect();
         json!({
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
@@ -89,7 +90,8 @@ impl Shape {
         let text = |id: u32| self.engine.token_text(id);
         match self.endpoint {
             Endpoint::Chat => {
-                let entry = |id: u32, lp: f32| json!({ "token": text(id), "logprob": lp, "bytes": text(id).into_bytes() });
+                let entry =
+                    |id: u32, lp: f32| json!({ "token": text(id), "logprob": lp, "bytes": text(id).into_bytes() });
                 let content: Vec<Value> = tokens
                     .iter()
                     .map(|t| {

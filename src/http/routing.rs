@@ -49,7 +49,10 @@ impl PolicyResolver for DefaultPolicyOnly {
         let Some(routing) = routing else { return Ok(None) };
         if let Some(name) = routing.policy.as_deref() {
             if name != self.default_name && name != "default" {
-                let message = format!("policy `{name}` is not allowed on this server; only the default `{}` is", self.default_name);
+                let message = format!(
+                    "policy `{name}` is not allowed on this server; only the default `{}` is",
+                    self.default_name
+                );
                 return Err(ApiError::bad_request(message, Some("routing.policy")));
             }
         }
@@ -59,7 +62,10 @@ impl PolicyResolver for DefaultPolicyOnly {
             Some(_) => true,
         };
         if has_params {
-            return Err(ApiError::bad_request("this server does not allow changing the policy's parameters", Some("routing.params")));
+            return Err(ApiError::bad_request(
+                "this server does not allow changing the policy's parameters",
+                Some("routing.params"),
+            ));
         }
         Ok(None)
     }

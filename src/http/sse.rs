@@ -36,7 +36,12 @@ pub struct SseStream {
 }
 
 impl SseStream {
-    pub fn new(events: EventStream, encoder: StreamEncoder, keep_alive: Duration, permit: OwnedSemaphorePermit) -> Self {
+    pub fn new(
+        events: EventStream,
+        encoder: StreamEncoder,
+        keep_alive: Duration,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
         let queue = encoder.start().iter().map(data_frame).collect();
         SseStream {
             events: Some(events),
@@ -99,7 +104,9 @@ impl Stream for SseStream {
                     let next = Instant::now() + this.interval;
                     this.keep_alive.as_mut().reset(next);
                 }
-                Poll::Ready(None) => this.fail(ApiError::Internal("the engine ended the request without a final event".into())),
+                Poll::Ready(None) => {
+                    this.fail(ApiError::Internal("the engine ended the request without a final event".into()))
+                }
                 Poll::Pending => {
                     if this.keep_alive.as_mut().poll(cx).is_ready() {
                         let next = Instant::now() + this.interval;

@@ -20,7 +20,10 @@ use tokenrouter::core::model::LoadOptions;
 use tokenrouter::core::policy::{self, ModelInfo, PolicyContext};
 use tokenrouter::core::sched::BatchingRule;
 use tokenrouter::core::tokenize::{ChatMessage, RenderOptions};
-use tokenrouter::http::{install_metrics_recorder, run_server, AppState, DefaultPolicyOnly, EngineStats, EventStream, Generator, Limits, RunningServer};
+use tokenrouter::http::{
+    install_metrics_recorder, run_server, AppState, DefaultPolicyOnly, EngineStats, EventStream, Generator, Limits,
+    RunningServer,
+};
 
 /// Context of the test models: small, so a prompt longer than it is cheap to send.
 pub const CONTEXT: usize = 1024;
@@ -56,7 +59,11 @@ impl TestServer {
         Self::start_with_signal(limits, keys, futures::future::pending()).await
     }
 
-    pub async fn start_with_signal(limits: Limits, keys: Vec<String>, signal: impl std::future::Future<Output = ()> + Send + 'static) -> Option<TestServer> {
+    pub async fn start_with_signal(
+        limits: Limits,
+        keys: Vec<String>,
+        signal: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<TestServer> {
         let tokenizer = qwen3_tokenizer()?;
         let mut config = preset("tiny").unwrap();
         config.max_position_embeddings = CONTEXT;
@@ -70,7 +77,8 @@ impl TestServer {
             specs.push(ModelSpec { name: name.into(), path: dir.path().to_path_buf(), load, threads: None });
             models.push(dir);
         }
-        let infos: Vec<ModelInfo> = specs.iter().map(|s| ModelInfo { name: s.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
+        let infos: Vec<ModelInfo> =
+            specs.iter().map(|s| ModelInfo { name: s.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
         let default_policy = policy::build("random", &json!({ "p": 0.5 }), &infos, &PolicyContext::default()).unwrap();
         let engine = Engine::start(EngineConfig {
             models: specs,
@@ -115,7 +123,11 @@ impl TestServer {
             if free && self.engine.active_requests() == 0 && stats.len() == 2 {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "KV still in use: {stats:?}, active {}", self.engine.active_requests());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "KV still in use: {stats:?}, active {}",
+                self.engine.active_requests()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -139,7 +151,9 @@ pub fn chat(content: &str, max_tokens: usize, seed: u64) -> Value {
 
 /// The `data:` payloads of an SSE body, in order (`[DONE]` included as a string).
 pub fn sse_data(body: &str) -> Vec<String> {
-    body.split("\n\n").filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string)).collect()
+    body.split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))
+        .collect()
 }
 
 /// The JSON chunks of an SSE body, asserting it ends with exactly one `[DONE]`.

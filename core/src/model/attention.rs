@@ -29,9 +29,8 @@ impl PagedKvStore {
         assert!(block_size > 0 && block_size <= MAX_BLOCK_SIZE);
         let per_layer = num_blocks * config.num_kv_heads * block_size * config.head_dim;
         // vec![0.0; n] is calloc: pages are committed only when a block is first written.
-        let layers = (0..config.num_layers)
-            .map(|_| LayerCache { k: vec![0.0; per_layer], v: vec![0.0; per_layer] })
-            .collect();
+        let layers =
+            (0..config.num_layers).map(|_| LayerCache { k: vec![0.0; per_layer], v: vec![0.0; per_layer] }).collect();
         PagedKvStore { block_size, kv_heads: config.num_kv_heads, head_dim: config.head_dim, layers }
     }
 
@@ -56,7 +55,13 @@ pub struct TokenLayout {
 }
 
 impl TokenLayout {
-    pub fn new(rope: &Rope, row: Vec<usize>, position: Vec<usize>, slot: Vec<(u32, usize)>, row_blocks: Vec<Vec<u32>>) -> Self {
+    pub fn new(
+        rope: &Rope,
+        row: Vec<usize>,
+        position: Vec<usize>,
+        slot: Vec<(u32, usize)>,
+        row_blocks: Vec<Vec<u32>>,
+    ) -> Self {
         let half = rope.half_dim();
         let mut cos = vec![0.0; position.len() * half];
         let mut sin = vec![0.0; position.len() * half];
@@ -127,7 +132,14 @@ fn prepare_token(spec: &AttentionSpec, layout: &TokenLayout, t: usize, token: &m
     }
 }
 
-fn write_kv(store: &mut PagedKvStore, layer: usize, spec: &AttentionSpec, layout: &TokenLayout, qkv: &[f32], width: usize) {
+fn write_kv(
+    store: &mut PagedKvStore,
+    layer: usize,
+    spec: &AttentionSpec,
+    layout: &TokenLayout,
+    qkv: &[f32],
+    width: usize,
+) {
     let hd = spec.head_dim;
     let k_start = spec.num_heads * hd;
     let v_start = k_start + spec.num_kv_heads * hd;
@@ -142,7 +154,15 @@ fn write_kv(store: &mut PagedKvStore, layer: usize, spec: &AttentionSpec, layout
     }
 }
 
-fn attend(store: &PagedKvStore, layer: usize, spec: &AttentionSpec, layout: &TokenLayout, qkv: &[f32], width: usize, out: &mut [f32]) {
+fn attend(
+    store: &PagedKvStore,
+    layer: usize,
+    spec: &AttentionSpec,
+    layout: &TokenLayout,
+    qkv: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
     let hd = spec.head_dim;
     let group = spec.num_heads / spec.num_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();

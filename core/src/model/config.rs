@@ -109,10 +109,7 @@ impl ModelConfig {
             std::io::ErrorKind::NotFound => ModelError::MissingFile(path.to_path_buf()),
             _ => ModelError::io(path, e),
         })?;
-        Self::from_json(&text).map_err(|message| ModelError::InvalidConfig {
-            path: path.to_path_buf(),
-            message,
-        })
+        Self::from_json(&text).map_err(|message| ModelError::InvalidConfig { path: path.to_path_buf(), message })
     }
 
     /// Parses HF's config.json text; the error is a message for `InvalidConfig`, or
@@ -125,9 +122,8 @@ impl ModelConfig {
             .and_then(|a| a.first().cloned())
             .or_else(|| hf.model_type.clone())
             .ok_or("neither `architectures` nor `model_type` is set")?;
-        let arch = Arch::from_hf(&arch_name).ok_or_else(|| {
-            format!("unsupported architecture {arch_name:?}: supported are {SUPPORTED}")
-        })?;
+        let arch = Arch::from_hf(&arch_name)
+            .ok_or_else(|| format!("unsupported architecture {arch_name:?}: supported are {SUPPORTED}"))?;
         if let Some(act) = &hf.hidden_act {
             if act != "silu" {
                 return Err(format!("hidden_act {act:?} is not supported (only \"silu\")"));
@@ -250,19 +246,11 @@ impl ModelConfig {
     }
 }
 
-fn parse_rope_scaling(
-    value: Option<&serde_json::Value>,
-) -> std::result::Result<Option<Llama3RopeScaling>, String> {
+fn parse_rope_scaling(value: Option<&serde_json::Value>) -> std::result::Result<Option<Llama3RopeScaling>, String> {
     let Some(value) = value.filter(|v| !v.is_null()) else { return Ok(None) };
-    let kind = value
-        .get("rope_type")
-        .or_else(|| value.get("type"))
-        .and_then(|t| t.as_str())
-        .unwrap_or("");
+    let kind = value.get("rope_type").or_else(|| value.get("type")).and_then(|t| t.as_str()).unwrap_or("");
     match kind {
-        "llama3" => serde_json::from_value(value.clone())
-            .map(Some)
-            .map_err(|e| format!("rope_scaling: {e}")),
+        "llama3" => serde_json::from_value(value.clone()).map(Some).map_err(|e| format!("rope_scaling: {e}")),
         "default" => Ok(None),
         other => Err(format!("rope_scaling type {other:?} is not supported (only \"llama3\")")),
     }

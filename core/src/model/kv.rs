@@ -79,11 +79,7 @@ impl BlockPool {
     fn take(&self, count: usize) -> Result<Vec<u32>> {
         let mut list = self.lock();
         if list.free.len() < count {
-            return Err(ModelError::OutOfBlocks {
-                needed: count,
-                free: list.free.len(),
-                block_size: self.block_size,
-            });
+            return Err(ModelError::OutOfBlocks { needed: count, free: list.free.len(), block_size: self.block_size });
         }
         let at = list.free.len() - count;
         Ok(list.free.split_off(at))

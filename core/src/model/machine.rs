@@ -65,14 +65,11 @@ pub fn measure_triad_bandwidth() -> f64 {
     let mut best = f64::INFINITY;
     for _ in 0..6 {
         let t = Instant::now();
-        a.par_chunks_mut(chunk)
-            .zip(b.par_chunks(chunk))
-            .zip(c.par_chunks(chunk))
-            .for_each(|((a, b), c)| {
-                for i in 0..a.len() {
-                    a[i] = b[i] + 0.5 * c[i];
-                }
-            });
+        a.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).zip(c.par_chunks(chunk)).for_each(|((a, b), c)| {
+            for i in 0..a.len() {
+                a[i] = b[i] + 0.5 * c[i];
+            }
+        });
         best = best.min(t.elapsed().as_secs_f64());
     }
     std::hint::black_box(&a);

@@ -91,7 +91,14 @@ fn tile(x: &[f32], w: &[f32], k: usize, i: usize, j: usize, mr: usize, nr: usize
 
 /// A `R × C` block of dot products, accumulated in `R · C` vector registers.
 #[inline(always)]
-fn micro<const R: usize, const C: usize>(x: &[f32], w: &[f32], k: usize, i: usize, j: usize, out: &mut [[f32; NR]; MR]) {
+fn micro<const R: usize, const C: usize>(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    i: usize,
+    j: usize,
+    out: &mut [[f32; NR]; MR],
+) {
     let xs: [&[f32]; R] = std::array::from_fn(|a| &x[(i + a) * k..(i + a + 1) * k]);
     let ws: [&[f32]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
     let full = k / simd::LANES * simd::LANES;

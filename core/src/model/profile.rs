@@ -82,8 +82,8 @@ impl Profile {
 
     /// Prefill limit: the LM head runs once per row, not per token.
     pub fn gemm_bound_prefill_tokens_per_sec(&self, tokens_per_row: usize) -> f64 {
-        let per_token = self.matmul_parameters_per_token(false) as f64
-            + self.lm_head_parameters as f64 / tokens_per_row as f64;
+        let per_token =
+            self.matmul_parameters_per_token(false) as f64 + self.lm_head_parameters as f64 / tokens_per_row as f64;
         self.machine.gemm_gflops * 1e9 / (2.0 * per_token)
     }
 
@@ -125,7 +125,13 @@ pub fn run(
         }
         progress(&format!("prefill {len}"));
         let ms = time_steps(backend, 1, 0, len, spec.steps.min(2))?;
-        prefill.push(PrefillPoint { batch: 1, tokens_per_row: len, context: 0, step_ms: ms, tokens_per_sec: len as f64 * 1e3 / ms });
+        prefill.push(PrefillPoint {
+            batch: 1,
+            tokens_per_row: len,
+            context: 0,
+            step_ms: ms,
+            tokens_per_sec: len as f64 * 1e3 / ms,
+        });
     }
     let mut extend = Vec::new();
     for &(batch, k) in &spec.extends {
@@ -134,7 +140,13 @@ pub fn run(
         }
         progress(&format!("extend batch {batch} × {k} tokens"));
         let ms = time_steps(backend, batch, 512, k, spec.steps)?;
-        extend.push(PrefillPoint { batch, tokens_per_row: k, context: 512, step_ms: ms, tokens_per_sec: (batch * k) as f64 * 1e3 / ms });
+        extend.push(PrefillPoint {
+            batch,
+            tokens_per_row: k,
+            context: 512,
+            step_ms: ms,
+            tokens_per_sec: (batch * k) as f64 * 1e3 / ms,
+        });
     }
     Ok(Profile {
         model: name.to_string(),
@@ -158,7 +170,13 @@ fn token_room(backend: &dyn Backend) -> usize {
 /// Median latency of steps feeding `tokens_per_row` tokens to `batch` rows that sit at
 /// `context` positions. The context's K/V is left as whatever the blocks hold: attention
 /// costs the same whatever the values, and prefilling long contexts would dominate.
-fn time_steps(backend: &mut dyn Backend, batch: usize, context: usize, tokens_per_row: usize, steps: usize) -> Result<f64> {
+fn time_steps(
+    backend: &mut dyn Backend,
+    batch: usize,
+    context: usize,
+    tokens_per_row: usize,
+    steps: usize,
+) -> Result<f64> {
     let vocab = backend.config().vocab_size as u32;
     let mut seqs: Vec<KvSeq> = (0..batch).map(|_| backend.new_sequence()).collect();
     for seq in &mut seqs {

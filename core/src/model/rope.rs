@@ -11,9 +11,8 @@ pub struct Rope {
 impl Rope {
     pub fn new(config: &ModelConfig) -> Self {
         let dim = config.head_dim;
-        let mut inv_freq: Vec<f64> = (0..dim / 2)
-            .map(|i| 1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64))
-            .collect();
+        let mut inv_freq: Vec<f64> =
+            (0..dim / 2).map(|i| 1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)).collect();
         if let Some(scaling) = &config.rope_scaling {
             apply_llama3_scaling(&mut inv_freq, scaling);
         }

@@ -40,9 +40,8 @@ impl Transformer {
     pub fn load(config: ModelConfig, ckpt: &Checkpoint, dtype: DType) -> Result<Self> {
         let c = &config;
         let embed = ckpt.load("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
-        let layers = (0..c.num_layers)
-            .map(|i| load_layer(c, ckpt, &format!("model.layers.{i}")))
-            .collect::<Result<Vec<_>>>()?;
+        let layers =
+            (0..c.num_layers).map(|i| load_layer(c, ckpt, &format!("model.layers.{i}"))).collect::<Result<Vec<_>>>()?;
         let final_norm = ckpt.load("model.norm.weight", &[c.hidden_size])?;
         // A tied checkpoint may still carry a copy of lm_head; the embedding is the truth.
         let lm_head = if c.tie_word_embeddings {
@@ -113,8 +112,7 @@ impl Transformer {
             qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q.as_slice(), k.as_slice(), self.eps())),
         };
         paged_attention(store, index, &spec, layout, &mut qkv, &mut attn);
-        let attn = Tensor::from_vec(attn, (tokens, c.num_heads * c.head_dim), &Device::Cpu)?
-            .to_dtype(self.dtype)?;
+        let attn = Tensor::from_vec(attn, (tokens, c.num_heads * c.head_dim), &Device::Cpu)?.to_dtype(self.dtype)?;
         let x = (x + layer.o_proj.forward(&attn)?)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, self.eps())?;
         let gate_up = layer.gate_up.forward(&h)?;

@@ -19,8 +19,9 @@ impl Checkpoint {
         let files = safetensor_files(dir)?;
         // Safety: the files are memory-mapped read-only; as for every mmap loader, the
         // caller must not truncate them while the model is loading.
-        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
-            ModelError::InvalidConfig { path: dir.to_path_buf(), message: format!("bad safetensors: {e}") }
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| ModelError::InvalidConfig {
+            path: dir.to_path_buf(),
+            message: format!("bad safetensors: {e}"),
         })?;
         Ok(Checkpoint { tensors, dtype })
     }
@@ -31,8 +32,7 @@ impl Checkpoint {
 
     /// Loads `name`, checking that its shape is `shape`, converted to the runtime dtype.
     pub fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let view =
-            self.tensors.get(name).map_err(|_| ModelError::MissingTensor { name: name.to_string() })?;
+        let view = self.tensors.get(name).map_err(|_| ModelError::MissingTensor { name: name.to_string() })?;
         if view.shape() != shape {
             return Err(ModelError::ShapeMismatch {
                 name: name.to_string(),
@@ -42,10 +42,7 @@ impl Checkpoint {
         }
         use safetensors::Dtype as S;
         if !matches!(view.dtype(), S::F32 | S::F16 | S::BF16 | S::F64) {
-            return Err(ModelError::UnsupportedDtype {
-                name: name.to_string(),
-                dtype: format!("{:?}", view.dtype()),
-            });
+            return Err(ModelError::UnsupportedDtype { name: name.to_string(), dtype: format!("{:?}", view.dtype()) });
         }
         let tensor = self.tensors.load(name, &Device::Cpu)?;
         Ok(tensor.to_dtype(self.dtype)?)
@@ -71,10 +68,7 @@ fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
     let bad = |message: String| ModelError::InvalidConfig { path: index.to_path_buf(), message };
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let map = json
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no `weight_map` object".into()))?;
     let mut names: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
     names.sort_unstable();
     names.dedup();

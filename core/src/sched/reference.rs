@@ -90,7 +90,13 @@ impl Reference<'_> {
     }
 
     /// Feeds `model` every token of `sequence` it has not computed; last logits.
-    fn step(&mut self, model: ModelIndex, kv: &mut KvSeq, sequence: &[u32], want_hidden: bool) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    fn step(
+        &mut self,
+        model: ModelIndex,
+        kv: &mut KvSeq,
+        sequence: &[u32],
+        want_hidden: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let start = kv.len();
         let out = self.models[model].forward(&mut [RowInput { kv, tokens: &sequence[start..], start }], want_hidden)?;
         Ok((out.row_logits(0).to_vec(), out.row_hidden(0).map(|h| h.to_vec())))

@@ -71,12 +71,29 @@ pub enum FinishReason {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestEvent {
     /// A token was committed at output index `index`, produced by `model`.
-    Token { id: RequestId, index: usize, token: u32, model: ModelIndex, logprob: Option<f32>, top_logprobs: Vec<(u32, f32)> },
+    Token {
+        id: RequestId,
+        index: usize,
+        token: u32,
+        model: ModelIndex,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(u32, f32)>,
+    },
     /// The request left `from` for `to` (after any committed token above).
-    Moved { id: RequestId, from: ModelIndex, to: ModelIndex },
-    Finished { id: RequestId, reason: FinishReason },
+    Moved {
+        id: RequestId,
+        from: ModelIndex,
+        to: ModelIndex,
+    },
+    Finished {
+        id: RequestId,
+        reason: FinishReason,
+    },
     /// The request cannot go on (e.g. its context alone exceeds this model's KV).
-    Failed { id: RequestId, message: String },
+    Failed {
+        id: RequestId,
+        message: String,
+    },
 }
 
 impl RequestEvent {

@@ -410,7 +410,13 @@ impl Subserver {
         decisions
     }
 
-    fn apply(&mut self, mut r: Resident, sampled: crate::model::sampler::Sampled, decision: Decision, outcome: &mut StepOutcome) {
+    fn apply(
+        &mut self,
+        mut r: Resident,
+        sampled: crate::model::sampler::Sampled,
+        decision: Decision,
+        outcome: &mut StepOutcome,
+    ) {
         let me = self.config.model;
         let (to, commit) = match decision {
             Decision::Move { to, commit } if to != me && to < self.config.num_models => (Some(to), commit),

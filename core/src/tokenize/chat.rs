@@ -29,11 +29,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self {
-            role: role.into(),
-            content: Some(MessageContent::Text(content.into())),
-            reasoning_content: None,
-        }
+        Self { role: role.into(), content: Some(MessageContent::Text(content.into())), reasoning_content: None }
     }
 }
 
@@ -132,8 +128,7 @@ impl ChatTemplate {
 
     fn with_clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
         self.env.add_function("strftime_now", move |format: String| {
-            strftime::strftime(&format, clock())
-                .map_err(|detail| Error::new(ErrorKind::InvalidOperation, detail))
+            strftime::strftime(&format, clock()).map_err(|detail| Error::new(ErrorKind::InvalidOperation, detail))
         });
         self
     }
@@ -142,8 +137,7 @@ impl ChatTemplate {
     /// writes the BOS text where the model wants it.
     pub fn render(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, TokenizeError> {
         let messages = messages.iter().map(template_message).collect::<Result<Vec<_>, _>>()?;
-        let template =
-            self.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizeError::TemplateRender(describe(&e)))?;
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizeError::TemplateRender(describe(&e)))?;
         template.render(self.context(messages, options)).map_err(classify_render_error)
     }
 
@@ -163,9 +157,7 @@ impl ChatTemplate {
             ("unk_token", &self.special.unk),
         ];
         // Unset tokens stay undefined (render as ""), as transformers leaves them out of the variables.
-        vars.extend(
-            special.into_iter().filter_map(|(name, token)| Some((name.into(), Value::from(token.clone()?)))),
-        );
+        vars.extend(special.into_iter().filter_map(|(name, token)| Some((name.into(), Value::from(token.clone()?)))));
         vars.extend(options.extra.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))));
         vars.into_iter().collect()
     }

@@ -41,8 +41,7 @@ fn render_case(case: &Case, folder: &std::path::Path) -> String {
     if let Some(now) = case.now_unix {
         template = template.with_fixed_time(now);
     }
-    let options =
-        RenderOptions { add_generation_prompt: case.add_generation_prompt, extra: case.kwargs.clone() };
+    let options = RenderOptions { add_generation_prompt: case.add_generation_prompt, extra: case.kwargs.clone() };
     template.render(&case.messages, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name))
 }
 
@@ -100,8 +99,7 @@ fn render_inline(source: &str, messages: &[ChatMessage]) -> Result<String, Token
 
 #[test]
 fn special_tokens_and_generation_prompt_are_variables() {
-    let source =
-        "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}\
+    let source = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}\
                   {% if add_generation_prompt %}[assistant]{% endif %}|{{ pad_token }}|{{ tools is none }}";
     let rendered = render_inline(source, &[ChatMessage::new("user", "hi")]).unwrap();
     assert_eq!(rendered, "<s>[user]hi</s>[assistant]||True");
@@ -109,8 +107,7 @@ fn special_tokens_and_generation_prompt_are_variables() {
 
 #[test]
 fn trim_and_lstrip_blocks_are_on_like_transformers() {
-    let source =
-        "{% for m in messages %}\n    {% if true %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n";
+    let source = "{% for m in messages %}\n    {% if true %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n";
     assert_eq!(render_inline(source, &[ChatMessage::new("user", "x")]).unwrap(), "x\n");
 }
 
@@ -126,8 +123,8 @@ fn raise_exception_is_a_client_error_with_the_templates_message() {
 fn syntax_and_render_errors_are_values_not_panics() {
     let err = ChatTemplate::new("{% for m in messages %}", SpecialTokens::default()).unwrap_err();
     assert!(matches!(err, TokenizeError::TemplateSyntax(_)), "{err:?}");
-    let err = render_inline("{{ messages[0].content.no_such_method() }}", &[ChatMessage::new("user", "x")])
-        .unwrap_err();
+    let err =
+        render_inline("{{ messages[0].content.no_such_method() }}", &[ChatMessage::new("user", "x")]).unwrap_err();
     assert!(matches!(err, TokenizeError::TemplateRender(_)), "{err:?}");
     assert!(!err.is_client_error());
     let err = ChatTemplate::from_config(&TokenizerConfig::default()).unwrap_err();
@@ -139,8 +136,7 @@ fn python_string_methods_and_slices_work() {
     let source = "{% set c = messages[0].content %}{{ c.split('</think>')[-1].lstrip('\\n') }}|\
                   {{ c.startswith('<think>') }}|{{ ' x\\n'.strip() }}|{{ 'a-b'.replace('-', '+') }}|\
                   {{ (messages[::-1] | first).role }}|{{ 'ab'.upper() }}";
-    let messages =
-        [ChatMessage::new("user", "<think>r</think>\n\nanswer"), ChatMessage::new("assistant", "y")];
+    let messages = [ChatMessage::new("user", "<think>r</think>\n\nanswer"), ChatMessage::new("assistant", "y")];
     assert_eq!(render_inline(source, &messages).unwrap(), "answer|True|x|a+b|assistant|AB");
 }
 
@@ -148,8 +144,7 @@ fn python_string_methods_and_slices_work() {
 fn loop_controls_and_namespaces_work() {
     let source = "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}\
                   {% if m.role == 'stop' %}{% break %}{% endif %}{% set ns.n = ns.n + 1 %}{{ m.content }}{% endfor %}={{ ns.n }}";
-    let messages =
-        ["a", "b", "c", "stop", "d"].map(|c| ChatMessage::new(if c == "stop" { "stop" } else { "user" }, c));
+    let messages = ["a", "b", "c", "stop", "d"].map(|c| ChatMessage::new(if c == "stop" { "stop" } else { "user" }, c));
     assert_eq!(render_inline(source, &messages).unwrap(), "ac=2");
 }
 
@@ -180,10 +175,9 @@ fn extra_variables_reach_the_template() {
 
 #[test]
 fn unsupported_content_parts_are_client_errors() {
-    let message: ChatMessage = serde_json::from_str(
-        r#"{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}"#,
-    )
-    .unwrap();
+    let message: ChatMessage =
+        serde_json::from_str(r#"{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}"#)
+            .unwrap();
     let err = render_inline("{{ messages[0].content }}", &[message]).unwrap_err();
     assert!(matches!(err, TokenizeError::UnsupportedContent(_)) && err.is_client_error(), "{err:?}");
 }

@@ -59,8 +59,7 @@ impl TokenizerConfig {
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, TokenizeError> {
         let json = parse_json(text, path)?;
         let invalid = |detail: String| TokenizeError::InvalidFile { path: path.to_path_buf(), detail };
-        let (chat_template, named_chat_templates) =
-            parse_chat_templates(json.get("chat_template")).map_err(invalid)?;
+        let (chat_template, named_chat_templates) = parse_chat_templates(json.get("chat_template")).map_err(invalid)?;
         Ok(Self {
             special: SpecialTokens {
                 bos: token_content(json.get("bos_token")),
@@ -104,8 +103,8 @@ fn parse_added_tokens(value: Option<&Value>) -> Result<BTreeMap<u32, (String, bo
     map.iter()
         .map(|(id, entry)| {
             let id: u32 = id.parse().map_err(|_| format!("added_tokens_decoder key {id:?} is not an id"))?;
-            let content = token_content(Some(entry))
-                .ok_or_else(|| format!("added_tokens_decoder[{id}] has no content"))?;
+            let content =
+                token_content(Some(entry)).ok_or_else(|| format!("added_tokens_decoder[{id}] has no content"))?;
             let special = entry.get("special").and_then(Value::as_bool).unwrap_or(false);
             Ok((id, (content, special)))
         })

@@ -32,14 +32,7 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// A decoder whose deltas add up to `decode(all fed ids)`.
     pub fn new(tokenizer: TextTokenizer, skip_special_tokens: bool) -> Self {
-        Self {
-            tokenizer,
-            skip_special_tokens,
-            window: Vec::new(),
-            read: 0,
-            prefix_text: String::new(),
-            token_count: 0,
-        }
+        Self { tokenizer, skip_special_tokens, window: Vec::new(), read: 0, prefix_text: String::new(), token_count: 0 }
     }
 
     /// A decoder for text that continues `context` (the prompt): the deltas are what the generated ids

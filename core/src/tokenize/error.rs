@@ -17,15 +17,11 @@ pub enum TokenizeError {
 
     /// Two routed models would disagree on what a token id means.
     #[error("tokenizers disagree at id {id}: {left_name} has {left:?}, {right_name} has {right:?}")]
-    VocabMismatch {
-        id: u32,
-        left_name: String,
-        left: Option<String>,
-        right_name: String,
-        right: Option<String>,
-    },
+    VocabMismatch { id: u32, left_name: String, left: Option<String>, right_name: String, right: Option<String> },
 
-    #[error("model folder has no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)")]
+    #[error(
+        "model folder has no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)"
+    )]
     NoChatTemplate,
 
     /// The template source does not parse.

@@ -65,9 +65,7 @@ fn write_value(out: &mut String, value: &Value, style: &Style, depth: usize) -> 
             })?;
         }
         ValueKind::Plain => write_string(out, &value.to_string(), style.ensure_ascii),
-        kind => {
-            return Err(Error::new(ErrorKind::InvalidOperation, format!("cannot serialize {kind} to JSON")))
-        }
+        kind => return Err(Error::new(ErrorKind::InvalidOperation, format!("cannot serialize {kind} to JSON"))),
     }
     Ok(())
 }
@@ -219,18 +217,14 @@ mod tests {
         );
         let data = serde_json::json!({"b": "é", "a": 1});
         assert_eq!(
-            render(
-                "{{ data | tojson(ensure_ascii=true, sort_keys=true, separators=[',', ':']) }}",
-                context! { data }
-            ),
+            render("{{ data | tojson(ensure_ascii=true, sort_keys=true, separators=[',', ':']) }}", context! { data }),
             r#"{"a":1,"b":"\u00e9"}"#
         );
     }
 
     #[test]
     fn floats_print_like_python_repr() {
-        let cases =
-            [(1.0, "1.0"), (0.1, "0.1"), (1e16, "1e+16"), (1.5e-7, "1.5e-07"), (123456.75, "123456.75")];
+        let cases = [(1.0, "1.0"), (0.1, "0.1"), (1e16, "1e+16"), (1.5e-7, "1.5e-07"), (123456.75, "123456.75")];
         for (x, expected) in cases {
             assert_eq!(super::python_float_repr(x), expected, "{x}");
         }

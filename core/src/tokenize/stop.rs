@@ -72,9 +72,7 @@ impl StopMatcher {
         self.stops
             .iter()
             .enumerate()
-            .filter_map(|(index, stop)| {
-                self.held.find(stop.as_str()).map(|start| (start + stop.len(), start, index))
-            })
+            .filter_map(|(index, stop)| self.held.find(stop.as_str()).map(|start| (start + stop.len(), start, index)))
             .min()
             .map(|(_, start, index)| (start, index))
     }

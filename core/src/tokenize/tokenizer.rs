@@ -84,10 +84,7 @@ impl TextTokenizer {
 
     /// Text of `ids`; unknown ids are dropped (as in the `tokenizers` library).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizeError> {
-        self.inner
-            .tokenizer
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| TokenizeError::tokenizer("decode", e))
+        self.inner.tokenizer.decode(ids, skip_special_tokens).map_err(|e| TokenizeError::tokenizer("decode", e))
     }
 
     /// One past the largest token id, added tokens included.

@@ -30,8 +30,7 @@ fn ln_probs(probs: &[f32]) -> Vec<f32> {
 fn reference_draw(logits: &[f32], params: &Params, u: f64) -> u32 {
     let scaled: Vec<f32> = logits.iter().map(|&x| sanitize(x * (1.0 / params.temperature))).collect();
     let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut order: Vec<(f32, u32)> =
-        scaled.iter().zip(0..).map(|(&z, id)| (exp_nonpositive(z - max), id)).collect();
+    let mut order: Vec<(f32, u32)> = scaled.iter().zip(0..).map(|(&z, id)| (exp_nonpositive(z - max), id)).collect();
     order.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
     if params.top_k > 0 {
         order.truncate(params.top_k);
@@ -148,8 +147,7 @@ fn matches_naive_full_sort_sampler() {
 #[test]
 fn find_key_matches_naive_scan_across_windows() {
     for (first_octave, octaves) in [(0.0, 30.0), (40.0, 30.0), (90.0, 30.0)] {
-        let weights: Vec<f32> =
-            (0..3000).map(|i| (-(first_octave + octaves * uniform(8, i)) as f32).exp2()).collect();
+        let weights: Vec<f32> = (0..3000).map(|i| (-(first_octave + octaves * uniform(8, i)) as f32).exp2()).collect();
         let mut sorted = weights.clone();
         sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
         let first_window = window_histogram(&weights, 0);
@@ -259,8 +257,7 @@ fn logprobs_are_normalized_raw_and_sorted() {
     logits[2] = 9.0;
     let mut counts = TokenCounts::new();
     counts.observe_output(2);
-    let params =
-        Params { temperature: 0.3, presence_penalty: 1.0, logprobs: Some(20), seed: 3, ..Params::default() };
+    let params = Params { temperature: 0.3, presence_penalty: 1.0, logprobs: Some(20), seed: 3, ..Params::default() };
     let sampled = sample(&logits, &params, &counts, 5);
     let top = &sampled.top_logprobs;
     let mass: f64 = top.iter().map(|&(_, lp)| (lp as f64).exp()).sum();
