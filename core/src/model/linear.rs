@@ -1,6 +1,6 @@
 //! A dense layer `y = x Wᵀ + b` over packed token rows.
 
-use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_core::{DType, Device, Storage, Tensor};
 
 use super::error::Result;
 use super::matmul::matmul_xwt;
@@ -69,10 +69,4 @@ fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Re
     let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("few-row matmul runs on CPU tensors only") };
     let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("tensor is not contiguous") };
     Ok(f(&cpu.as_slice::<f32>()?[start..end]))
-}
-
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        Linear::forward(self, x).map_err(|e| candle_core::Error::Msg(e.to_string()))
-    }
 }
