@@ -1,5 +1,6 @@
 pub mod assets;
 pub mod model;
 pub mod policy;
+pub mod rng;
 pub mod sched;
 pub mod tokenize;

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use crate::rng::SplitMix64;
 
 #[derive(Debug, Clone)]
 pub struct InitOptions {
@@ -82,7 +83,7 @@ fn random_values(name: &str, shape: &[usize], options: &InitOptions, index: u64)
     if name.ends_with("norm.weight") {
         return vec![1.0; n];
     }
-    let mut rng = SplitMix64::new(options.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = SplitMix64(options.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     (0..n).map(|_| rng.normal() * options.std).collect()
 }
 
@@ -122,31 +123,4 @@ pub fn copy_tokenizer(from: &Path, dir: &Path) -> Result<Vec<String>> {
         return Err(ModelError::MissingFile(source_dir.join("tokenizer.json")));
     }
     Ok(copied)
-}
-
-/// A small seeded generator; reproducible across platforms and crate versions.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    /// Box-Muller; one of the pair is enough here.
-    fn normal(&mut self) -> f32 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-    }
 }

@@ -131,9 +131,6 @@ pub trait Policy: Send + Sync {
 /// A uniform draw in [0, 1) that depends only on (seed, position, salt): the same
 /// decision whatever the batch, the step or a retry.
 pub fn policy_uniform(seed: u64, position: usize, salt: u64) -> f64 {
-    let mut z = seed ^ (position as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt.wrapping_mul(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
+    let key = seed ^ (position as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    crate::rng::unit_f64(crate::rng::mix64(key))
 }

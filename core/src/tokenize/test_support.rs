@@ -102,20 +102,4 @@ fn metaspace_tokenizer_json() -> String {
     .to_string()
 }
 
-/// A tiny deterministic generator for randomized tests (no `rand` dependency in core).
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform-enough in `0..n` for tests.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
+pub use crate::rng::SplitMix64 as SplitMix;

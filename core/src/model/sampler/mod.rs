@@ -6,6 +6,8 @@
 //! the kept tokens ordered by probability (descending, ties by lower id), so models
 //! that agree on the head of the distribution tend to pick the same token for one `u`.
 
+use crate::rng::{mix64, unit_f64};
+
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
@@ -207,13 +209,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, counts: &TokenCounts, pos
 pub fn uniform(seed: u64, position: u64) -> f64 {
     const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
     let state = mix64(seed).wrapping_add(position.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA));
-    (mix64(state) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    unit_f64(mix64(state))
 }
 
 /// Reusable scratch space; sampling with it allocates nothing after warm-up
