@@ -2,6 +2,7 @@
 //! sequential reference that batched serving must reproduce.
 
 pub mod batching;
+pub mod planner;
 pub mod reference;
 pub mod request;
 mod resident;

@@ -77,6 +77,51 @@ pub struct SubserverStats {
     pub handoffs_in: u64,
     pub evictions: u64,
     pub busy: Duration,
+    /// Requests handed to each peer, by destination model.
+    pub handoffs_to: Vec<u64>,
+    /// Steps and their total seconds by the rows they ran (index = rows): the step
+    /// latency against batch size as served, which the planner re-plans from.
+    pub steps_by_rows: Vec<u64>,
+    pub seconds_by_rows: Vec<f64>,
+}
+
+impl SubserverStats {
+    /// What happened between `earlier` and this snapshot of the same subserver.
+    pub fn since(&self, earlier: &SubserverStats) -> SubserverStats {
+        let minus = |a: &[u64], b: &[u64]| -> Vec<u64> {
+            a.iter().enumerate().map(|(i, x)| x.saturating_sub(b.get(i).copied().unwrap_or(0))).collect()
+        };
+        SubserverStats {
+            steps: self.steps.saturating_sub(earlier.steps),
+            rows: self.rows.saturating_sub(earlier.rows),
+            tokens_fed: self.tokens_fed.saturating_sub(earlier.tokens_fed),
+            tokens_committed: self.tokens_committed.saturating_sub(earlier.tokens_committed),
+            handoffs_out: self.handoffs_out.saturating_sub(earlier.handoffs_out),
+            handoffs_in: self.handoffs_in.saturating_sub(earlier.handoffs_in),
+            evictions: self.evictions.saturating_sub(earlier.evictions),
+            busy: self.busy.saturating_sub(earlier.busy),
+            handoffs_to: minus(&self.handoffs_to, &earlier.handoffs_to),
+            steps_by_rows: minus(&self.steps_by_rows, &earlier.steps_by_rows),
+            seconds_by_rows: self
+                .seconds_by_rows
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (x - earlier.seconds_by_rows.get(i).copied().unwrap_or(0.0)).max(0.0))
+                .collect(),
+        }
+    }
+
+    fn record_step(&mut self, rows: usize, elapsed: Duration) {
+        if rows == 0 {
+            return;
+        }
+        if self.steps_by_rows.len() <= rows {
+            self.steps_by_rows.resize(rows + 1, 0);
+            self.seconds_by_rows.resize(rows + 1, 0.0);
+        }
+        self.steps_by_rows[rows] += 1;
+        self.seconds_by_rows[rows] += elapsed.as_secs_f64();
+    }
 }
 
 pub struct Subserver {
@@ -308,6 +353,7 @@ impl Subserver {
         self.stats.rows += outcome.rows as u64;
         self.stats.tokens_fed += outcome.tokens_fed as u64;
         self.stats.busy += outcome.elapsed;
+        self.stats.record_step(outcome.rows, outcome.elapsed);
         outcome
     }
 
@@ -436,6 +482,10 @@ impl Subserver {
                 outcome.events.push(RequestEvent::Moved { id: r.spec.id, from: me, to });
                 outcome.handoffs.push((to, self.depart(&mut r, to)));
                 self.stats.handoffs_out += 1;
+                if self.stats.handoffs_to.len() <= to {
+                    self.stats.handoffs_to.resize(self.config.num_models.max(to + 1), 0);
+                }
+                self.stats.handoffs_to[to] += 1;
                 self.pending_clock += 1;
                 r.status = Status::Pending;
                 r.pending_since = self.pending_clock;

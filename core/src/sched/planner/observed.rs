@@ -1,0 +1,110 @@
+//! Planner inputs from what the engine measured while serving: step latency by batch
+//! rows, where requests went after each step, and what those steps committed.
+
+use super::{LatencyTable, PlanError, PlannerInput};
+use crate::sched::SubserverStats;
+
+/// A batch size needs this many observed steps before its latency is trusted.
+const MIN_STEPS_PER_POINT: u64 = 3;
+
+/// Builds the planner's view of a deployment from per-model statistics (in engine
+/// order), usually the difference of two snapshots over a recent window. Models never
+/// stepped in the window take the fastest observed latency: no request reaches them,
+/// so it only has to be a valid number.
+pub fn input_from_stats(
+    stats: &[SubserverStats],
+    entry_model: usize,
+    max_batch: usize,
+) -> Result<PlannerInput, PlanError> {
+    let models = stats.len();
+    let measured: Vec<Option<LatencyTable>> = stats.iter().map(latency_of).collect();
+    let fastest = measured.iter().flatten().map(|t| t.at(1)).fold(f64::INFINITY, f64::min);
+    if !fastest.is_finite() {
+        return Err(PlanError::NoObservations);
+    }
+    let latencies = measured.into_iter().map(|t| t.unwrap_or_else(|| LatencyTable::constant(fastest))).collect();
+    let (route, commit) = stats.iter().enumerate().map(|(i, s)| routing_of(i, models, s)).unzip();
+    Ok(PlannerInput { latencies, route, commit, max_batch, entry_model, delta_ms: None })
+}
+
+fn latency_of(stats: &SubserverStats) -> Option<LatencyTable> {
+    let points = stats
+        .steps_by_rows
+        .iter()
+        .zip(&stats.seconds_by_rows)
+        .enumerate()
+        .filter(|(_, (steps, _))| **steps >= MIN_STEPS_PER_POINT)
+        .map(|(rows, (steps, seconds))| (rows, seconds * 1e3 / *steps as f64));
+    LatencyTable::from_points(points)
+}
+
+/// Row i of the routing and commit matrices. A row that stays commits its token; the
+/// tokens committed beyond the stays belong to the rows that moved.
+fn routing_of(model: usize, models: usize, stats: &SubserverStats) -> (Vec<f64>, Vec<f64>) {
+    let moved: Vec<f64> = (0..models).map(|j| stats.handoffs_to.get(j).copied().unwrap_or(0) as f64).collect();
+    let total_moved: f64 = moved.iter().sum();
+    let rows = (stats.rows as f64).max(total_moved);
+    let mut route = vec![0.0; models];
+    let mut commit = vec![1.0; models];
+    if rows == 0.0 {
+        route[model] = 1.0;
+        return (route, commit);
+    }
+    for j in (0..models).filter(|&j| j != model) {
+        route[j] = moved[j] / rows;
+    }
+    route[model] = (1.0 - route.iter().sum::<f64>()).max(0.0);
+    if total_moved > 0.0 {
+        let stays = rows - total_moved;
+        let per_move = ((stats.tokens_committed as f64 - stays) / total_moved).clamp(0.0, 1.0);
+        (0..models).filter(|&j| j != model).for_each(|j| commit[j] = per_move);
+    }
+    (route, commit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn stats(rows: u64, committed: u64, handoffs_to: Vec<u64>, by_rows: &[(usize, u64, f64)]) -> SubserverStats {
+        let mut s = SubserverStats { rows, tokens_committed: committed, handoffs_to, ..Default::default() };
+        for &(r, steps, ms) in by_rows {
+            s.steps_by_rows.resize(s.steps_by_rows.len().max(r + 1), 0);
+            s.seconds_by_rows.resize(s.steps_by_rows.len(), 0.0);
+            s.steps_by_rows[r] = steps;
+            s.seconds_by_rows[r] = steps as f64 * ms / 1e3;
+        }
+        s.steps = s.steps_by_rows.iter().sum();
+        s.busy = Duration::from_secs_f64(s.seconds_by_rows.iter().sum());
+        s
+    }
+
+    #[test]
+    fn delegation_is_read_back_from_the_counts() {
+        // Small: 1000 rows, 300 delegated (their tokens dropped); large: 300 rows, all back.
+        let small = stats(1000, 700, vec![0, 300], &[(2, 100, 6.0), (4, 200, 7.0), (9, 1, 50.0)]);
+        let large = stats(300, 300, vec![300, 0], &[(1, 50, 28.0), (3, 80, 31.0)]);
+        let input = input_from_stats(&[small, large], 0, 64).unwrap();
+        assert!((input.route[0][1] - 0.3).abs() < 1e-12 && (input.route[0][0] - 0.7).abs() < 1e-12);
+        assert_eq!(input.route[1], vec![1.0, 0.0]);
+        assert_eq!(input.commit[0][1], 0.0);
+        assert_eq!(input.commit[1][0], 1.0);
+        // The single step at 9 rows is too few to trust.
+        assert_eq!(input.latencies[0].points(), &[(2, 6.0), (4, 7.0)]);
+        assert!((input.latencies[1].at(2) - 29.5).abs() < 1e-9);
+        input.validate().unwrap();
+    }
+
+    #[test]
+    fn an_unused_model_gets_a_harmless_latency_and_nothing_observed_is_an_error() {
+        let small = stats(500, 500, vec![0, 0], &[(1, 500, 5.0)]);
+        let input = input_from_stats(&[small, SubserverStats::default()], 0, 64).unwrap();
+        assert_eq!(input.latencies[1].at(1), 5.0);
+        assert_eq!(input.route[1], vec![0.0, 1.0]);
+        assert_eq!(
+            input_from_stats(&[SubserverStats::default(), SubserverStats::default()], 0, 64),
+            Err(PlanError::NoObservations)
+        );
+    }
+}
