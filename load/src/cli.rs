@@ -1,0 +1,291 @@
+//! The command line, and `execute`: arguments → jobs → run → report. Tests and
+//! other tools build `LoadArgs` with `LoadArgs::try_parse_from` and call `execute`,
+//! so every path goes through the same checks (the loopback rule first of all).
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::client::{Client, Endpoint, RequestOptions};
+use crate::prompt::PromptMaker;
+use crate::report::{Report, RunInfo};
+use crate::runner::{self, Limits, LoadShape};
+use crate::stats::Summary;
+use crate::target::Target;
+use crate::trace::{load_trace, parse_trace, TraceRow};
+use crate::workload::{make_jobs, poisson_arrivals, Job, Scale, WorkloadKind, WorkloadSpec};
+
+/// The Azure sample in `fixtures/`, used by `--workload trace` without `--trace`.
+const SAMPLE_TRACE: &str = include_str!("../fixtures/azure_conv_sample.csv");
+
+/// Load generator for tokenrouter (or any OpenAI-compatible server on this machine).
+#[derive(Parser, Debug, Clone)]
+#[command(name = "tokenrouter-load", version)]
+pub struct LoadArgs {
+    /// The server's base URL; only loopback hosts (127.0.0.1, ::1, localhost).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    #[arg(long, value_enum, default_value = "low-effort")]
+    pub workload: WorkloadKind,
+    /// Azure trace CSV for `--workload trace` (default: the 200-row sample built in).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Closed loop: N clients, each sending its next request when its last one ends
+    /// (the default, with 1 client).
+    #[arg(long, group = "load")]
+    pub clients: Option<usize>,
+    /// Open loop: jobs arrive as a Poisson process at this rate per second.
+    #[arg(long, group = "load")]
+    pub rate: Option<f64>,
+    /// Open loop: jobs arrive at the trace's timestamps (`--workload trace`).
+    #[arg(long, group = "load")]
+    pub replay: bool,
+    /// Replay this many times faster than the trace (2 = twice the request rate).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// At most this many requests (each turn of a session is one).
+    #[arg(long, default_value_t = 100)]
+    pub requests: usize,
+    /// No request starts after this many seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub duration: f64,
+    /// Seconds requests running at --duration may still take before they are cut.
+    #[arg(long, default_value_t = 30.0)]
+    pub grace: f64,
+    /// Factor on output caps and input sizes (0.05 fits a small CPU machine).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Factor on input sizes alone (default: --scale).
+    #[arg(long)]
+    pub input_scale: Option<f64>,
+    /// Turns per session (`--workload agentic`).
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// tokenizer.json (or its folder) to size prompts exactly; without it a word
+    /// counts as a token.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Seed of the prompt text, the Poisson arrivals and each request's sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value = "chat")]
+    pub endpoint: Endpoint,
+    /// The `model` field of requests (default: none, the server's own).
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Let outputs end at EOS; by default `ignore_eos` is sent so they reach the cap.
+    #[arg(long)]
+    pub allow_eos: bool,
+    /// tokenrouter's `routing` object as JSON, e.g. '{"policy":"random","params":{"p":0.3}}'.
+    #[arg(long)]
+    pub routing: Option<String>,
+    /// Ask for the model of every token (`routing.trace`), counted while streaming.
+    #[arg(long)]
+    pub routing_trace: bool,
+    /// Write the summary and every request here (JSON).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write one row per request here (CSV).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// No progress bar and no preamble.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Runs the load described by `args` and writes the files it names.
+pub async fn execute(args: &LoadArgs, interrupt: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<Report> {
+    let target = Target::parse(&args.url)?;
+    args.check()?;
+    let client = Arc::new(Client::new(target.clone(), args.request_options()?)?);
+    let served_models = client.models().await?;
+    let maker = match &args.tokenizer {
+        Some(path) => PromptMaker::with_tokenizer(path)?,
+        None => PromptMaker::approximate(),
+    };
+    let rows = args.trace_rows()?;
+    let (spec, count) = (args.workload_spec(), args.job_count());
+    let jobs = tokio::task::spawn_blocking(move || make_jobs(&spec, &maker, rows.as_deref(), count)).await?;
+    anyhow::ensure!(!jobs.is_empty(), "the workload has no requests");
+    let shape = args.shape(&jobs);
+    let info = args.run_info(&target, served_models, &shape);
+    if !args.quiet {
+        eprintln!("{}", preamble(&info, &jobs));
+    }
+    let turns: usize = jobs.iter().map(|j| j.turns.len()).sum();
+    let progress = progress_bar(turns.min(args.requests) as u64, args.quiet);
+    let limits = Limits {
+        max_requests: args.requests,
+        duration: Duration::from_secs_f64(args.duration),
+        grace: Duration::from_secs_f64(args.grace),
+    };
+    let result = runner::run(client, jobs, &shape, limits, progress, interrupt).await;
+    let summary = Summary::new(&result.records, result.elapsed_s);
+    let report = Report { run: info, summary, requests: result.records };
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+    }
+    if let Some(path) = &args.csv {
+        report.write_csv(path)?;
+    }
+    Ok(report)
+}
+
+impl LoadArgs {
+    fn check(&self) -> anyhow::Result<()> {
+        let positive = |v: f64, flag: &str| {
+            anyhow::ensure!(v.is_finite() && v > 0.0, "{flag} must be a positive number (got {v})");
+            Ok(())
+        };
+        positive(self.scale, "--scale")?;
+        positive(self.input_scale.unwrap_or(self.scale), "--input-scale")?;
+        positive(self.time_scale, "--time-scale")?;
+        positive(self.duration, "--duration")?;
+        anyhow::ensure!(self.grace.is_finite() && self.grace >= 0.0, "--grace must be zero or more");
+        if let Some(rate) = self.rate {
+            positive(rate, "--rate")?;
+        }
+        anyhow::ensure!(self.requests > 0, "--requests must be at least 1");
+        anyhow::ensure!(self.clients != Some(0), "--clients must be at least 1");
+        anyhow::ensure!(self.turns > 0, "--turns must be at least 1");
+        let trace = self.workload == WorkloadKind::Trace;
+        anyhow::ensure!(trace || self.trace.is_none(), "--trace needs --workload trace");
+        anyhow::ensure!(trace || !self.replay, "--replay needs --workload trace (it replays the trace's timestamps)");
+        Ok(())
+    }
+
+    fn request_options(&self) -> anyhow::Result<RequestOptions> {
+        let mut routing = match &self.routing {
+            Some(text) => {
+                let v: serde_json::Value = serde_json::from_str(text).context("--routing is not JSON")?;
+                anyhow::ensure!(v.is_object(), "--routing must be a JSON object");
+                Some(v)
+            }
+            None => None,
+        };
+        if self.routing_trace {
+            routing.get_or_insert_with(|| serde_json::json!({}))["trace"] = serde_json::json!(true);
+        }
+        Ok(RequestOptions {
+            endpoint: self.endpoint,
+            model: self.model.clone(),
+            ignore_eos: !self.allow_eos,
+            temperature: self.temperature,
+            routing,
+        })
+    }
+
+    fn trace_rows(&self) -> anyhow::Result<Option<Vec<TraceRow>>> {
+        if self.workload != WorkloadKind::Trace {
+            return Ok(None);
+        }
+        let rows = match &self.trace {
+            Some(path) => load_trace(path)?,
+            None => parse_trace(SAMPLE_TRACE).context("in the built-in trace sample")?,
+        };
+        Ok(Some(rows))
+    }
+
+    fn workload_spec(&self) -> WorkloadSpec {
+        let scale = Scale { input: self.input_scale.unwrap_or(self.scale), output: self.scale };
+        WorkloadSpec { kind: self.workload, scale, turns: self.turns, seed: self.seed }
+    }
+
+    /// Jobs to prepare: one per request, or per session for multi-turn work, and in
+    /// a closed loop at least one per client so every client has a session.
+    fn job_count(&self) -> usize {
+        if !self.workload.is_multi_turn() {
+            return self.requests;
+        }
+        let sessions = self.requests.div_ceil(self.turns);
+        if self.rate.is_some() || self.replay {
+            sessions
+        } else {
+            sessions.max(self.clients.unwrap_or(1)).min(self.requests)
+        }
+    }
+
+    fn shape(&self, jobs: &[Job]) -> LoadShape {
+        if let Some(rate) = self.rate {
+            return LoadShape::Open { arrivals: poisson_arrivals(rate, jobs.len(), self.seed) };
+        }
+        if self.replay {
+            let arrivals = jobs.iter().map(|j| j.trace_at_s.unwrap_or(0.0) / self.time_scale).collect();
+            return LoadShape::Open { arrivals };
+        }
+        LoadShape::Closed { clients: self.clients.unwrap_or(1) }
+    }
+
+    fn run_info(&self, target: &Target, served_models: Vec<String>, shape: &LoadShape) -> RunInfo {
+        let load = match (shape, self.rate) {
+            (LoadShape::Closed { clients }, _) => format!("closed loop, {clients} client(s)"),
+            (LoadShape::Open { .. }, Some(rate)) => format!("open loop, Poisson {rate} job(s)/s"),
+            (LoadShape::Open { .. }, None) => format!("open loop, trace replay x{}", self.time_scale),
+        };
+        RunInfo {
+            target: target.to_string(),
+            served_models,
+            workload: value_name(&self.workload),
+            endpoint: value_name(&self.endpoint),
+            load,
+            scale: self.scale,
+            input_scale: self.input_scale.unwrap_or(self.scale),
+            turns: if self.workload.is_multi_turn() { self.turns } else { 1 },
+            max_requests: self.requests,
+            duration_s: self.duration,
+            seed: self.seed,
+            tokenizer: self.tokenizer.as_ref().map(|p| p.display().to_string()),
+            trace: self.trace.as_ref().map(|p| p.display().to_string()).or_else(|| {
+                (self.workload == WorkloadKind::Trace).then(|| "built-in sample (load/fixtures)".to_string())
+            }),
+            command: std::env::args().collect(),
+            started_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        }
+    }
+}
+
+/// A value as the command line spells it, for the report.
+fn value_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+}
+
+fn preamble(info: &RunInfo, jobs: &[Job]) -> String {
+    let first = &jobs[0];
+    let sizes: Vec<String> = first.turns.iter().map(|t| t.tokens.to_string()).collect();
+    format!(
+        "tokenrouter-load: {} against {} ({}), {}, up to {} requests in {} s; first job: turns of {} tokens, max_tokens {}{}",
+        info.workload,
+        info.target,
+        info.served_models.join(", "),
+        info.load,
+        info.max_requests,
+        info.duration_s,
+        sizes.join("+"),
+        first.max_tokens,
+        if info.tokenizer.is_some() { "" } else { " (no --tokenizer: words counted as tokens)" },
+    )
+}
+
+/// Hidden when stderr is not a terminal (CI logs, pipes) or with --quiet.
+fn progress_bar(len: u64, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let style = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} requests  {msg}")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}

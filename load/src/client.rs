@@ -1,0 +1,252 @@
+//! One streamed request against the OpenAI API (`/v1/chat/completions` or
+//! `/v1/completions`), timed from send to the first token and to `[DONE]`.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::sse::{error_message, SseParser, StreamTally};
+use crate::target::Target;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions` with `messages`.
+    Chat,
+    /// `POST /v1/completions` with a text `prompt` (turns joined by blank lines).
+    Completions,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// What every request of a run carries besides its prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestOptions {
+    pub endpoint: Endpoint,
+    pub model: Option<String>,
+    /// vLLM's `ignore_eos` (tokenrouter accepts it): outputs run to `max_tokens`, so
+    /// a workload's output sizes do not depend on when a random model says EOS.
+    pub ignore_eos: bool,
+    pub temperature: Option<f32>,
+    /// tokenrouter's `routing` object (`{"policy": ..., "params": ..., "trace": ...}`).
+    pub routing: Option<Value>,
+}
+
+/// The conversation of a request so far: user turns and the answers between them.
+#[derive(Debug, Clone, Default)]
+pub struct Conversation {
+    /// (role, content), starting with a user turn.
+    messages: Vec<(&'static str, String)>,
+}
+
+impl Conversation {
+    pub fn user(&mut self, text: &str) {
+        self.messages.push(("user", text.to_string()));
+    }
+
+    pub fn assistant(&mut self, text: String) {
+        self.messages.push(("assistant", text));
+    }
+}
+
+/// What came back for one request.
+#[derive(Debug)]
+pub struct Outcome {
+    pub latency: Duration,
+    pub tally: StreamTally,
+    /// Why the request failed (HTTP status, connection, error in the stream, cut short).
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    /// A request abandoned from outside (the run's time ran out).
+    pub fn cut(sent: Instant, why: &str) -> Outcome {
+        Outcome { latency: sent.elapsed(), tally: StreamTally::default(), error: Some(why.to_string()) }
+    }
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    target: Target,
+    options: RequestOptions,
+}
+
+impl Client {
+    pub fn new(target: Target, options: RequestOptions) -> anyhow::Result<Client> {
+        // No proxy: an HTTP_PROXY in the environment must not carry loopback load elsewhere.
+        let http = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(usize::MAX).build()?;
+        Ok(Client { http, target, options })
+    }
+
+    pub fn options(&self) -> &RequestOptions {
+        &self.options
+    }
+
+    /// The served model names (`GET /v1/models`): fails early, with a clear message,
+    /// when nothing answers at the target.
+    pub async fn models(&self) -> anyhow::Result<Vec<String>> {
+        let url = self.target.url("/v1/models");
+        let response = self.http.get(&url).send().await.map_err(|e| {
+            anyhow::anyhow!("no server answers at {}: {} (start one with `tokenrouter serve`)", self.target, chain(&e))
+        })?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            anyhow::bail!("GET {url}: HTTP {status}: {}", error_message(&body["error"]));
+        }
+        let ids = body["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str()).map(str::to_string));
+        Ok(ids.map(Iterator::collect).unwrap_or_default())
+    }
+
+    /// The request body for a conversation.
+    pub fn body(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Value {
+        let o = &self.options;
+        let mut body = json!({
+            "max_tokens": max_tokens,
+            "stream": true,
+            "stream_options": { "include_usage": true },
+            "seed": seed,
+        });
+        match o.endpoint {
+            Endpoint::Chat => {
+                let messages: Vec<Value> =
+                    conversation.messages.iter().map(|(role, text)| json!({ "role": role, "content": text })).collect();
+                body["messages"] = Value::Array(messages);
+            }
+            Endpoint::Completions => {
+                let texts: Vec<&str> = conversation.messages.iter().map(|(_, t)| t.as_str()).collect();
+                body["prompt"] = json!(texts.join("\n\n"));
+            }
+        }
+        if let Some(model) = &o.model {
+            body["model"] = json!(model);
+        }
+        if o.ignore_eos {
+            body["ignore_eos"] = json!(true);
+        }
+        if let Some(t) = o.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(routing) = &o.routing {
+            body["routing"] = routing.clone();
+        }
+        body
+    }
+
+    /// Sends and streams one request; never fails, a failure is in the outcome.
+    pub async fn send(&self, body: &Value) -> Outcome {
+        let sent = Instant::now();
+        let mut tally = StreamTally::default();
+        let result = self.stream(body, sent, &mut tally).await;
+        let latency = sent.elapsed();
+        let error = result.err().or_else(|| tally.failure());
+        Outcome { latency, tally, error }
+    }
+
+    /// Reads the response to its end. Latency is taken by the caller when this
+    /// returns, which is right after `[DONE]` for a well-behaved server.
+    async fn stream(&self, body: &Value, sent: Instant, tally: &mut StreamTally) -> Result<(), String> {
+        let url = self.target.url(self.options.endpoint.path());
+        let response = self.http.post(&url).json(body).send().await.map_err(|e| chain(&e))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<Value>(&text).map(|v| error_message(&v["error"])).unwrap_or(text);
+            return Err(format!("HTTP {}: {message}", status.as_u16()));
+        }
+        let mut parser = SseParser::default();
+        let mut bytes = response.bytes_stream();
+        while let Some(piece) = bytes.next().await {
+            let piece = piece.map_err(|e| format!("reading the stream: {}", chain(&e)))?;
+            for data in parser.push(&piece) {
+                tally.on_data(sent.elapsed(), &data);
+            }
+            if tally.done {
+                // Nothing may follow [DONE]; stop the clock here rather than at EOF.
+                return Ok(());
+            }
+        }
+        if let Some(data) = parser.finish() {
+            tally.on_data(sent.elapsed(), &data);
+        }
+        Ok(())
+    }
+}
+
+/// An error with its causes: reqwest's own message alone says little
+/// ("error sending request"), the cause says why (connection refused).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(endpoint: Endpoint) -> Client {
+        let options = RequestOptions {
+            endpoint,
+            model: Some("m".into()),
+            ignore_eos: true,
+            temperature: None,
+            routing: Some(json!({ "trace": true })),
+        };
+        Client::new(Target::parse("http://127.0.0.1:1").unwrap(), options).unwrap()
+    }
+
+    fn conversation() -> Conversation {
+        let mut c = Conversation::default();
+        c.user("first");
+        c.assistant("answer".into());
+        c.user("second");
+        c
+    }
+
+    #[test]
+    fn chat_bodies_carry_the_conversation_and_streaming_options() {
+        let body = client(Endpoint::Chat).body(&conversation(), 16, 7);
+        assert_eq!(body["messages"][1], json!({ "role": "assistant", "content": "answer" }));
+        assert_eq!(body["messages"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            (body["stream"].clone(), body["stream_options"]["include_usage"].clone()),
+            (json!(true), json!(true))
+        );
+        assert_eq!((body["max_tokens"].clone(), body["seed"].clone()), (json!(16), json!(7)));
+        assert_eq!((body["ignore_eos"].clone(), body["model"].clone()), (json!(true), json!("m")));
+        assert_eq!(body["routing"], json!({ "trace": true }));
+        assert!(body.get("temperature").is_none() && body.get("prompt").is_none());
+    }
+
+    #[test]
+    fn completion_bodies_join_the_turns() {
+        let body = client(Endpoint::Completions).body(&conversation(), 4, 1);
+        assert_eq!(body["prompt"], "first\n\nanswer\n\nsecond");
+        assert!(body.get("messages").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_a_failure_with_its_cause() {
+        let c = client(Endpoint::Chat);
+        let outcome = c.send(&c.body(&conversation(), 1, 1)).await;
+        let error = outcome.error.unwrap();
+        assert!(error.to_lowercase().contains("connect"), "{error}");
+        let e = c.models().await.unwrap_err().to_string();
+        assert!(e.contains("no server answers at http://127.0.0.1:1"), "{e}");
+    }
+}

@@ -1,0 +1,287 @@
+//! Reading a streamed OpenAI response: SSE framing (`SseParser`), the meaning of
+//! each `data:` payload (`Chunk`), and the running account of one response
+//! (`StreamTally`) from which a request's measurements come. All pure, so the
+//! parsing is tested without a server.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Splits bytes, as they arrive in any pieces, into the data of SSE events. Only
+/// `data:` fields matter here; comments (`: keep-alive`) and other fields are skipped.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    /// Bytes of a line not yet terminated.
+    line: Vec<u8>,
+    /// `data:` lines of the event being read.
+    data: Vec<String>,
+}
+
+impl SseParser {
+    /// Feeds bytes; returns the data of every event they complete.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        let mut events = Vec::new();
+        for &b in bytes {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            let mut line = std::mem::take(&mut self.line);
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            if let Some(event) = self.on_line(&String::from_utf8_lossy(&line)) {
+                events.push(event);
+            }
+        }
+        events
+    }
+
+    /// An event still open when the body ended (a server that omits the last blank line).
+    pub fn finish(&mut self) -> Option<String> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.on_line(&String::from_utf8_lossy(&line));
+        }
+        self.on_line("")
+    }
+
+    fn on_line(&mut self, line: &str) -> Option<String> {
+        if line.is_empty() {
+            return (!self.data.is_empty()).then(|| std::mem::take(&mut self.data).join("\n"));
+        }
+        if let Some(value) = line.strip_prefix("data:") {
+            self.data.push(value.strip_prefix(' ').unwrap_or(value).to_string());
+        }
+        None
+    }
+}
+
+/// Token counts the server reports in `usage`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// tokenrouter's extension: output tokens by model name (empty elsewhere).
+    pub tokens_per_model: BTreeMap<String, u64>,
+}
+
+/// What one `data:` payload says.
+#[derive(Debug, Default, PartialEq)]
+pub struct Chunk {
+    pub done: bool,
+    /// Chat `delta.content` or completions `text`.
+    pub text: String,
+    /// tokenrouter's `routing.models`: the model of each token this chunk reports.
+    pub models: Vec<String>,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+    /// An error sent inside the stream (OpenAI's envelope).
+    pub error: Option<String>,
+}
+
+impl Chunk {
+    pub fn parse(data: &str) -> Result<Chunk, String> {
+        if data.trim() == "[DONE]" {
+            return Ok(Chunk { done: true, ..Chunk::default() });
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| format!("unreadable stream chunk ({e}): {data}"))?;
+        if let Some(error) = v.get("error") {
+            return Ok(Chunk { error: Some(error_message(error)), ..Chunk::default() });
+        }
+        let choice = v["choices"].get(0).unwrap_or(&Value::Null);
+        let text = choice["delta"]["content"].as_str().or(choice["text"].as_str()).unwrap_or_default();
+        let models = v["routing"]["models"].as_array().map(|a| a.iter().map(value_name).collect()).unwrap_or_default();
+        Ok(Chunk {
+            done: false,
+            text: text.to_string(),
+            models,
+            finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+            usage: v.get("usage").filter(|u| u.is_object()).map(parse_usage),
+            error: None,
+        })
+    }
+
+    /// Whether this chunk shows that a token was produced.
+    fn has_tokens(&self) -> bool {
+        !self.text.is_empty() || !self.models.is_empty()
+    }
+}
+
+fn value_name(v: &Value) -> String {
+    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+}
+
+fn parse_usage(u: &Value) -> Usage {
+    let per_model = u["tokens_per_model"].as_object();
+    Usage {
+        prompt_tokens: u["prompt_tokens"].as_u64().unwrap_or(0),
+        completion_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
+        tokens_per_model: per_model
+            .map(|m| m.iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0))).collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// The message of an OpenAI error envelope's `error` (or the value itself).
+pub fn error_message(error: &Value) -> String {
+    match error["message"].as_str() {
+        Some(m) => m.to_string(),
+        None => error.as_str().map(str::to_string).unwrap_or_else(|| error.to_string()),
+    }
+}
+
+/// The running account of one streamed response; times are since the request was sent.
+#[derive(Debug, Default)]
+pub struct StreamTally {
+    pub first_token: Option<Duration>,
+    pub text: String,
+    /// Tokens counted from `routing.models`, by model.
+    routed: BTreeMap<String, u64>,
+    /// Chunks that carried text: the token count when nothing better is reported.
+    text_chunks: u64,
+    pub usage: Option<Usage>,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+    pub done: bool,
+}
+
+impl StreamTally {
+    pub fn on_data(&mut self, at: Duration, data: &str) {
+        let chunk = match Chunk::parse(data) {
+            Ok(chunk) => chunk,
+            Err(e) => return self.fail(e),
+        };
+        if chunk.done {
+            self.done = true;
+            return;
+        }
+        if let Some(e) = chunk.error {
+            return self.fail(e);
+        }
+        // A token whose text is held back (a stop-string prefix, half a character)
+        // is only shown by the finish chunk: the first token is no later than that.
+        if self.first_token.is_none() && (chunk.has_tokens() || chunk.finish_reason.is_some()) {
+            self.first_token = Some(at);
+        }
+        self.text_chunks += u64::from(!chunk.text.is_empty());
+        self.text.push_str(&chunk.text);
+        for model in chunk.models {
+            *self.routed.entry(model).or_default() += 1;
+        }
+        self.finish_reason = chunk.finish_reason.or(self.finish_reason.take());
+        self.usage = chunk.usage.or(self.usage.take());
+    }
+
+    fn fail(&mut self, error: String) {
+        self.error.get_or_insert(error);
+    }
+
+    /// Output tokens: the server's usage, else the routing trace, else text chunks.
+    pub fn output_tokens(&self) -> u64 {
+        match &self.usage {
+            Some(u) => u.completion_tokens,
+            None if !self.routed.is_empty() => self.streamed_tokens().unwrap_or(0),
+            None => self.text_chunks,
+        }
+    }
+
+    /// Tokens the routing trace showed as they streamed (None without a trace).
+    pub fn streamed_tokens(&self) -> Option<u64> {
+        (!self.routed.is_empty()).then(|| self.routed.values().sum())
+    }
+
+    /// Output tokens by model: from usage when it has them, else from the trace.
+    pub fn tokens_per_model(&self) -> BTreeMap<String, u64> {
+        match &self.usage {
+            Some(u) if !u.tokens_per_model.is_empty() => u.tokens_per_model.clone(),
+            _ => self.routed.clone(),
+        }
+    }
+
+    /// Why the response does not count as complete, if it does not.
+    pub fn failure(&self) -> Option<String> {
+        if let Some(e) = &self.error {
+            return Some(e.clone());
+        }
+        (!self.done).then(|| "the stream ended before [DONE]".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_reads_and_line_endings_are_reassembled() {
+        let mut p = SseParser::default();
+        assert!(p.push(b"data: {\"a\"").is_empty());
+        assert_eq!(p.push(b":1}\n\n: keep-alive\n\ndata: x\r\n\r\nda"), vec!["{\"a\":1}", "x"]);
+        assert_eq!(p.push(b"ta:[DONE]\n\n"), vec!["[DONE]"]);
+        assert_eq!(p.push(b"event: e\ndata: one\ndata: two\n\n"), vec!["one\ntwo"]);
+        assert!(p.push(b"data: tail").is_empty());
+        assert_eq!(p.finish().as_deref(), Some("tail"));
+        assert_eq!(p.finish(), None);
+    }
+
+    #[test]
+    fn chunks_of_both_endpoints_are_read() {
+        let chat = Chunk::parse(r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"routing":{"models":["small","large"]}}"#).unwrap();
+        assert_eq!(chat.text, "Hi");
+        assert_eq!(chat.models, ["small", "large"]);
+        let text = Chunk::parse(r#"{"choices":[{"index":0,"text":" there","finish_reason":"length"}]}"#).unwrap();
+        assert_eq!((text.text.as_str(), text.finish_reason.as_deref()), (" there", Some("length")));
+        let usage = Chunk::parse(r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"tokens_per_model":{"small":2,"large":1}}}"#).unwrap();
+        let u = usage.usage.unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens, u.tokens_per_model["small"]), (5, 3, 2));
+        let error = Chunk::parse(r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#);
+        assert_eq!(error.unwrap().error.as_deref(), Some("boom"));
+        assert!(Chunk::parse("[DONE]").unwrap().done);
+        assert!(Chunk::parse("{not json").unwrap_err().contains("unreadable"));
+    }
+
+    fn at(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn the_tally_times_the_first_token_and_prefers_reported_usage() {
+        let mut t = StreamTally::default();
+        t.on_data(at(1), r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#);
+        assert_eq!(t.first_token, None, "the role announcement is not a token");
+        t.on_data(at(5), r#"{"choices":[{"delta":{"content":"a"}}],"routing":{"models":["small"]}}"#);
+        t.on_data(at(9), r#"{"choices":[{"delta":{"content":"b"}}],"routing":{"models":["large","small"]}}"#);
+        assert_eq!((t.first_token, t.output_tokens(), t.streamed_tokens()), (Some(at(5)), 3, Some(3)));
+        t.on_data(at(9), r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#);
+        assert_eq!(t.failure().as_deref(), Some("the stream ended before [DONE]"));
+        t.on_data(at(10), r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"tokens_per_model":{"small":2,"large":1}}}"#);
+        t.on_data(at(10), "[DONE]");
+        assert_eq!((t.output_tokens(), t.failure(), t.text.as_str()), (3, None, "ab"));
+        assert_eq!(t.finish_reason.as_deref(), Some("length"));
+        assert_eq!(t.tokens_per_model(), BTreeMap::from([("large".into(), 1), ("small".into(), 2)]));
+    }
+
+    #[test]
+    fn without_usage_tokens_come_from_the_trace_or_the_text_chunks() {
+        let mut traced = StreamTally::default();
+        traced.on_data(at(1), r#"{"choices":[{"text":"xy"}],"routing":{"models":["m","m"]}}"#);
+        assert_eq!((traced.output_tokens(), traced.tokens_per_model()["m"]), (2, 2));
+        let mut plain = StreamTally::default();
+        plain.on_data(at(1), r#"{"choices":[{"text":"x"}]}"#);
+        plain.on_data(at(2), r#"{"choices":[{"text":"y"}]}"#);
+        assert_eq!((plain.output_tokens(), plain.tokens_per_model().len()), (2, 0));
+        let mut held = StreamTally::default();
+        held.on_data(at(7), r#"{"choices":[{"text":"","finish_reason":"stop"}]}"#);
+        assert_eq!(held.first_token, Some(at(7)), "tokens held back until the finish chunk");
+    }
+
+    #[test]
+    fn errors_in_the_stream_are_kept_first() {
+        let mut t = StreamTally::default();
+        t.on_data(at(1), r#"{"error":{"message":"engine failed"}}"#);
+        t.on_data(at(2), "garbage");
+        t.on_data(at(3), "[DONE]");
+        assert_eq!(t.failure().as_deref(), Some("engine failed"));
+    }
+}
