@@ -4,6 +4,7 @@ mod generate_cmd;
 mod model_cmd;
 mod profile_cmd;
 mod serve;
+mod sweep_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ pub enum Command {
     Generate(generate_cmd::GenerateArgs),
     /// Measure a model's step latency against batch size and context.
     Profile(profile_cmd::ProfileArgs),
+    /// Measure throughput over a grid of batching thresholds and concurrencies, beside the planner's prediction.
+    Sweep(sweep_cmd::SweepArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Generate(args) => generate_cmd::run(args),
         Command::Profile(args) => profile_cmd::run(args, threads),
+        Command::Sweep(args) => sweep_cmd::run(args),
     }
 }
