@@ -2,6 +2,8 @@
 
 mod generate_cmd;
 mod model_cmd;
+mod plan_cmd;
+mod plan_remote;
 mod profile_cmd;
 mod serve;
 mod sweep_cmd;
@@ -29,6 +31,8 @@ pub enum Command {
     Generate(generate_cmd::GenerateArgs),
     /// Measure a model's step latency against batch size and context.
     Profile(profile_cmd::ProfileArgs),
+    /// Pick delayed-batching thresholds per concurrency with the Markov throughput model.
+    Plan(plan_cmd::PlanArgs),
     /// Measure throughput over a grid of batching thresholds and concurrencies, beside the planner's prediction.
     Sweep(sweep_cmd::SweepArgs),
 }
@@ -41,6 +45,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Generate(args) => generate_cmd::run(args),
         Command::Profile(args) => profile_cmd::run(args, threads),
+        Command::Plan(args) => plan_cmd::run(args),
         Command::Sweep(args) => sweep_cmd::run(args),
     }
 }

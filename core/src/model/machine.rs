@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct MachineLimits {
     /// Read-only bandwidth, GB/s (10^9 bytes): what streaming weights can reach, the
     /// limit of batch-1 decode.

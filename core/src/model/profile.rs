@@ -3,14 +3,14 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::backend::{Backend, RowInput};
 use super::error::Result;
 use super::kv::KvSeq;
 use super::machine::MachineLimits;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProfileSpec {
     pub batch_sizes: Vec<usize>,
     pub contexts: Vec<usize>,
@@ -36,7 +36,7 @@ impl Default for ProfileSpec {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DecodePoint {
     pub batch: usize,
     pub context: usize,
@@ -45,7 +45,7 @@ pub struct DecodePoint {
     pub tokens_per_sec: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PrefillPoint {
     pub batch: usize,
     pub tokens_per_row: usize,
@@ -54,7 +54,7 @@ pub struct PrefillPoint {
     pub tokens_per_sec: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Profile {
     pub model: String,
     pub parameters: usize,

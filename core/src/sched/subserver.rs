@@ -67,7 +67,8 @@ pub struct StepOutcome {
     pub elapsed: Duration,
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SubserverStats {
     pub steps: u64,
     pub rows: u64,

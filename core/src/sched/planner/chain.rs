@@ -2,7 +2,6 @@
 //! queued at the entry model", and their transitions as a sparse row-major matrix.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 
 use super::{PlanError, PlannerInput, MAX_MODELS};
 
@@ -97,7 +96,7 @@ impl ChainModel {
         let mut start = State::default();
         start.queued[self.entry] = n as u8;
         self.launch(&mut start);
-        let mut index: HashMap<u128, u32> = HashMap::new();
+        let mut index: foldhash::HashMap<u128, u32> = foldhash::HashMap::default();
         index.insert(start.key(), 0);
         let mut chain = Chain {
             states: vec![start],

@@ -19,7 +19,7 @@ mod tests;
 
 pub use latency::LatencyTable;
 pub use observed::input_from_stats;
-pub use search::{feasible_thresholds, plan_table, search, Candidate, Plan};
+pub use search::{feasible_thresholds, plan_table, search, search_with, Candidate, Plan, SearchOptions};
 pub use solve::Prediction;
 
 /// Most models the chain represents (state keys pack four models).

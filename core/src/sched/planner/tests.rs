@@ -161,11 +161,23 @@ fn search_prefers_batching_the_large_model_when_it_is_batch_friendly() {
     // The large model's step costs nearly the same for 1 or many rows, so holding it
     // until several requests are ready must beat launching it at once.
     let input = PlannerInput::delegation(linear(5.0, 0.2), linear(30.0, 0.1), 0.35);
-    let plan = search(&input, 8).unwrap();
+    let plan = search_with(&input, 8, SearchOptions::exhaustive()).unwrap();
     assert_eq!(plan.evaluated, 36);
     let eager = predict(&input, 8, &[1, 1]).unwrap().tokens_per_sec;
     assert!(plan.best.prediction.tokens_per_sec > eager * 1.02, "{plan:?} vs eager {eager}");
     assert!(plan.best.thresholds[1] > 1, "{:?}", plan.best.thresholds);
     let runner_up = plan.runner_up.unwrap();
     assert!(runner_up.prediction.tokens_per_sec <= plan.best.prediction.tokens_per_sec);
+}
+
+#[test]
+fn screening_at_a_coarser_unit_finds_what_exhaustive_search_finds() {
+    for (p, n) in [(0.1, 8), (0.35, 12), (0.5, 6)] {
+        let input = PlannerInput::delegation(linear(5.0, 0.4), linear(27.0, 0.6), p);
+        let screened = search(&input, n).unwrap();
+        let exhaustive = search_with(&input, n, SearchOptions::exhaustive()).unwrap();
+        let (a, b) = (screened.best.prediction.tokens_per_sec, exhaustive.best.prediction.tokens_per_sec);
+        assert!(close(a, b, 1e-9), "p={p} N={n}: {:?} vs {:?}", screened.best.thresholds, exhaustive.best.thresholds);
+        assert_eq!(screened.evaluated, exhaustive.evaluated + 8);
+    }
 }

@@ -1,0 +1,70 @@
+//! Planner inputs read off a running server's `/v1/stats`.
+
+use anyhow::{bail, Context};
+use tokenrouter_core::sched::planner::{input_from_stats, PlannerInput};
+use tokenrouter_core::sched::SubserverStats;
+
+/// The server's model names and the planner input its counters imply since it started.
+pub fn input_from_server(base: &str, max_batch: usize) -> anyhow::Result<(PlannerInput, Vec<String>)> {
+    let url = stats_url(base);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let body: serde_json::Value = runtime.block_on(async {
+        let response = reqwest::get(&url).await.with_context(|| format!("asking {url}"))?;
+        if !response.status().is_success() {
+            bail!("{url} answered {}", response.status());
+        }
+        response.json().await.with_context(|| format!("{url} did not answer JSON"))
+    })?;
+    let (names, stats) = parse_stats(&body).with_context(|| format!("reading {url}"))?;
+    let input = input_from_stats(&stats, 0, max_batch)?;
+    Ok((input, names))
+}
+
+/// `http://host:port`, `.../metrics` or `.../v1/stats` all mean the same server.
+fn stats_url(base: &str) -> String {
+    let trimmed = base.trim_end_matches('/');
+    let root = trimmed.strip_suffix("/metrics").or_else(|| trimmed.strip_suffix("/v1/stats")).unwrap_or(trimmed);
+    format!("{root}/v1/stats")
+}
+
+fn parse_stats(body: &serde_json::Value) -> anyhow::Result<(Vec<String>, Vec<SubserverStats>)> {
+    let models = body["models"].as_array().context("no `models` list")?;
+    if models.is_empty() {
+        bail!("the server reports no models");
+    }
+    models
+        .iter()
+        .map(|m| {
+            let name = m["model"].as_str().context("a model without a name")?.to_string();
+            let stats: SubserverStats =
+                serde_json::from_value(m["stats"].clone()).with_context(|| format!("stats of {name}"))?;
+            Ok((name, stats))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()
+        .map(|pairs| pairs.into_iter().unzip())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_of_the_server_reaches_its_stats() {
+        for base in ["http://127.0.0.1:8000", "http://127.0.0.1:8000/", "http://127.0.0.1:8000/metrics"] {
+            assert_eq!(stats_url(base), "http://127.0.0.1:8000/v1/stats");
+        }
+    }
+
+    #[test]
+    fn stats_json_round_trips_into_planner_counts() {
+        let small = SubserverStats { rows: 10, tokens_committed: 8, handoffs_to: vec![0, 2], ..Default::default() };
+        let body = serde_json::json!({ "models": [
+            { "model": "small", "stats": serde_json::to_value(&small).unwrap() },
+            { "model": "large", "stats": serde_json::to_value(SubserverStats::default()).unwrap() },
+        ]});
+        let (names, stats) = parse_stats(&body).unwrap();
+        assert_eq!(names, vec!["small", "large"]);
+        assert_eq!(stats[0], small);
+        assert!(parse_stats(&serde_json::json!({ "models": [] })).is_err());
+    }
+}
