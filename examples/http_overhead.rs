@@ -115,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         batching: BatchingRule::eager(2),
         limits: StepLimits::default(),
         exclusive_compute: false,
+        replan: None,
     })
     .await?;
     let state =

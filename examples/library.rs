@@ -31,6 +31,7 @@ async fn main() -> anyhow::Result<()> {
         batching: BatchingRule::eager(2),
         limits: StepLimits::default(),
         exclusive_compute: false,
+        replan: None,
     })
     .await?;
 

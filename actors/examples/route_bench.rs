@@ -165,6 +165,7 @@ async fn main() {
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits::default(),
         exclusive_compute: a.exclusive,
+        replan: None,
     };
     let large_only = || EngineConfig {
         models: models(&[("large", &a.large)]),
@@ -172,6 +173,7 @@ async fn main() {
         batching: BatchingRule::fixed(&[1]),
         limits: StepLimits::default(),
         exclusive_compute: false,
+        replan: None,
     };
     let n = a.concurrency;
     let mut runs = Vec::new();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokenrouter_core::model::LoadOptions;
 use tokenrouter_core::policy::Policy;
+use tokenrouter_core::sched::planner::ReplanConfig;
 use tokenrouter_core::sched::BatchingRule;
 
 #[derive(Debug, Clone)]
@@ -45,4 +46,7 @@ pub struct EngineConfig {
     /// same few cores, concurrent steps only time-slice each other and thrash the
     /// caches; on separate devices leave it off.
     pub exclusive_compute: bool,
+    /// Re-estimate routing and step latency from the engine's own counters on a timer
+    /// and switch thresholds when the planner predicts a gain (opt-in).
+    pub replan: Option<ReplanConfig>,
 }

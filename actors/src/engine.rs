@@ -10,6 +10,7 @@ use futures::Stream;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokenrouter_core::model::{KvCapacity, ModelConfig};
 use tokenrouter_core::policy::Policy;
+use tokenrouter_core::sched::planner::Replanner;
 use tokenrouter_core::sched::request::admit;
 use tokenrouter_core::sched::{BatchingRule, RequestId, RequestSpec, SubserverConfig};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -20,6 +21,7 @@ use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent};
 use crate::kv_manager::{KvManager, KvManagerArgs, KvMsg, KvUsage};
 use crate::registry::Registry;
+use crate::replan::{ReplanActor, ReplanArgs, ReplanMsg};
 use crate::request::{RequestActor, RequestArgs, RequestMsg, TextStream};
 use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
 use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
@@ -54,6 +56,27 @@ impl EngineShared {
 
     pub fn model_name(&self, index: usize) -> &str {
         &self.names[index]
+    }
+
+    pub(crate) fn active_count(&self) -> usize {
+        *self.active.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Per-model snapshots from the subservers that answer.
+    pub(crate) async fn snapshots(&self) -> Vec<SubserverSnapshot> {
+        let mut out = Vec::new();
+        for s in &self.subservers {
+            if let Ok(Some(snapshot)) = ractor::call!(s, SubserverMsg::Stats) {
+                out.push(snapshot);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn broadcast_rule(&self, rule: BatchingRule) {
+        for s in &self.subservers {
+            let _ = s.send_message(SubserverMsg::SetRule(rule.clone()));
+        }
     }
 
     fn change_active(&self, delta: isize) {
@@ -114,6 +137,7 @@ impl Actor for Supervisor {
 pub struct Engine {
     shared: Arc<EngineShared>,
     root: ActorRef<()>,
+    replanner: Option<ActorRef<ReplanMsg>>,
 }
 
 impl Engine {
@@ -203,7 +227,17 @@ impl Engine {
             tokenizer_actor,
         });
         supervised.set(Arc::downgrade(&shared)).ok();
-        Ok(Engine { shared, root })
+        let replanner = match config.replan {
+            Some(replan) => {
+                let args = ReplanArgs {
+                    replanner: Replanner::new(replan, config.batching.clone()),
+                    engine: Arc::downgrade(&shared),
+                };
+                Some(Actor::spawn_linked(None, ReplanActor, args, root.get_cell()).await.map_err(spawn_err)?.0)
+            }
+            None => None,
+        };
+        Ok(Engine { shared, root, replanner })
     }
 
     pub fn model_names(&self) -> &[String] {
@@ -326,13 +360,7 @@ impl Engine {
 
     /// Per-model snapshots: queues, thresholds, KV use, step statistics.
     pub async fn stats(&self) -> Vec<SubserverSnapshot> {
-        let mut out = Vec::new();
-        for s in &self.shared.subservers {
-            if let Ok(Some(snapshot)) = ractor::call!(s, SubserverMsg::Stats) {
-                out.push(snapshot);
-            }
-        }
-        out
+        self.shared.snapshots().await
     }
 
     pub async fn kv_usage(&self) -> Option<KvUsage> {
@@ -340,15 +368,16 @@ impl Engine {
     }
 
     pub fn active_requests(&self) -> usize {
-        *self.shared.active.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.active_count()
     }
 
     /// Changes the delayed-batching thresholds of every subserver.
     pub fn set_batching(&self, rule: BatchingRule) -> Result<(), EngineError> {
         rule.validate(self.shared.model_count()).map_err(|e| EngineError::Config(e.to_string()))?;
-        for s in &self.shared.subservers {
-            let _ = s.send_message(SubserverMsg::SetRule(rule.clone()));
+        if let Some(replanner) = &self.replanner {
+            let _ = replanner.send_message(ReplanMsg::SetRule(rule.clone()));
         }
+        self.shared.broadcast_rule(rule);
         Ok(())
     }
 

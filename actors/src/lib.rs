@@ -10,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod kv_manager;
 mod registry;
+mod replan;
 pub mod request;
 pub mod subserver;
 pub mod tokenizer;

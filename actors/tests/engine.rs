@@ -70,6 +70,7 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits { prefill_chunk: 16, ..StepLimits::default() },
         exclusive_compute: false,
+        replan: None,
     }
 }
 
@@ -310,5 +311,56 @@ async fn a_failing_request_actor_ends_its_stream_and_frees_its_kv() {
         }
     }
     wait_until_everything_is_freed(&engine).await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online_replanning_moves_off_thresholds_that_starve_the_small_model() {
+    use tokenrouter_core::sched::planner::ReplanConfig;
+    // At N = 4, B_large = 4 holds every request on the large model until all four have
+    // arrived while the small model idles: the planner must find something better.
+    let m = models(&[16, 32]);
+    let mut config = engine_config(&m, random(0.5), &[1, 4]);
+    config.replan = Some(ReplanConfig {
+        interval: Duration::from_millis(300),
+        margin: 0.0,
+        min_steps: 20,
+        ..ReplanConfig::default()
+    });
+    let engine = Engine::start(config).await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4u64)
+        .map(|c| {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut done = 0;
+                for i in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    let (tokens, end) = collect(&engine, request(c * 1000 + i)).await;
+                    assert!(matches!(end, GenerationEvent::Finished { .. }), "{end:?}");
+                    assert!(!tokens.is_empty());
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut switched = None;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let thresholds: Vec<usize> = engine.stats().await.iter().map(|s| s.threshold).collect();
+        if engine.active_requests() == 4 && thresholds != vec![1, 4] {
+            switched = Some(thresholds);
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for c in clients {
+        assert!(c.await.unwrap() > 0);
+    }
+    let thresholds = switched.expect("the re-planner switched thresholds within 12 s");
+    assert!(thresholds[1] < 4, "{thresholds:?}");
     engine.shutdown().await;
 }

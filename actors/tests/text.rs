@@ -47,6 +47,7 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
         batching: BatchingRule::eager(dirs.len()),
         limits: StepLimits::default(),
         exclusive_compute: false,
+        replan: None,
     }
 }
 

@@ -30,8 +30,8 @@ pub use demo::demo_config;
 pub use error::{ConfigError, Problem};
 pub use prepare::Prepared;
 pub use schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec};
-pub use write::write_threshold_table;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
+pub use write::write_threshold_table;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]

@@ -94,6 +94,7 @@ impl ServerConfig {
             batching: self.batching_rule()?,
             limits: self.step_limits(),
             exclusive_compute: self.scheduler.exclusive_compute,
+            replan: self.replan_config(),
         };
         let preset_tokenizer = match self.models.iter().any(|m| m.preset.is_some()) {
             true => cache.tokenizer(progress).ok().cloned(),

@@ -156,6 +156,23 @@ pub struct SchedulerSection {
     /// One model steps at a time, taking fair turns (for models sharing few cores).
     #[serde(default)]
     pub exclusive_compute: bool,
+    /// Online re-planning of the thresholds from the engine's own counters (opt-in).
+    #[serde(default)]
+    pub replan: Option<ReplanSection>,
+}
+
+/// `scheduler.replan`: every `interval_s` the engine re-estimates routing and step
+/// latency over the last window and switches thresholds at the current N when the
+/// planner predicts more than `margin` gain.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplanSection {
+    #[serde(default = "defaults::replan_interval_s")]
+    pub interval_s: f64,
+    #[serde(default = "defaults::replan_margin")]
+    pub margin: f64,
+    #[serde(default = "defaults::replan_min_steps")]
+    pub min_steps: u64,
 }
 
 impl Default for SchedulerSection {
@@ -167,12 +184,26 @@ impl Default for SchedulerSection {
             prefill_chunk: defaults::prefill_chunk(),
             step_token_budget: defaults::step_token_budget(),
             exclusive_compute: false,
+            replan: None,
         }
     }
 }
 
 mod defaults {
     use super::StepLimits;
+    use tokenrouter_core::sched::planner::ReplanConfig;
+
+    pub fn replan_interval_s() -> f64 {
+        ReplanConfig::default().interval.as_secs_f64()
+    }
+
+    pub fn replan_margin() -> f64 {
+        ReplanConfig::default().margin
+    }
+
+    pub fn replan_min_steps() -> u64 {
+        ReplanConfig::default().min_steps
+    }
 
     pub fn max_batch_rows() -> usize {
         StepLimits::default().max_batch_rows

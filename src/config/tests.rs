@@ -151,6 +151,19 @@ fn thresholds_take_a_number_or_a_table_by_active_requests() {
 }
 
 #[test]
+fn replanning_is_opt_in_with_defaults_and_checked_values() {
+    assert_eq!(parse(PAIR).unwrap().replan_config(), None);
+    let config = parse(&with_pair("scheduler:\n  max_batch_rows: 16\n  replan: {margin: 0.1}\n")).unwrap();
+    let replan = config.replan_config().unwrap();
+    assert_eq!((replan.interval, replan.margin, replan.max_batch), (std::time::Duration::from_secs(5), 0.1, 16));
+    let e = refused(&with_pair("scheduler: {replan: {interval_s: 0, margin: -1}}\n"));
+    assert!(e.to_string().contains("scheduler.replan.interval_s: must be at least 0.1 seconds"), "{e}");
+    assert!(e.to_string().contains("scheduler.replan.margin: must be a non-negative fraction"), "{e}");
+    let e = refused(&with_pair("scheduler: {replan: {every: 3}}\n"));
+    assert!(e.to_string().contains("scheduler.replan.every: unknown field `every`"), "{e}");
+}
+
+#[test]
 fn bad_thresholds_are_refused() {
     let e = refused(&with_pair("scheduler: {thresholds: {huge: 2}}\n"));
     assert!(e.to_string().contains("scheduler.thresholds.huge: no model is named `huge`; models: small, large"), "{e}");

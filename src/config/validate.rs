@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::time::Duration;
+use tokenrouter_core::sched::planner::ReplanConfig;
 
 use serde_json::Value;
 use tokenrouter_core::model::attention::MAX_BLOCK_SIZE;
@@ -104,6 +105,28 @@ impl ServerConfig {
         if let Err(e) = self.batching_rule() {
             p.absorb(e);
         }
+        if let Some(replan) = &s.replan {
+            if !(replan.interval_s >= 0.1 && replan.interval_s.is_finite()) {
+                p.push(
+                    "scheduler.replan.interval_s",
+                    format!("must be at least 0.1 seconds, got {}", replan.interval_s),
+                );
+            }
+            if !(replan.margin >= 0.0 && replan.margin.is_finite()) {
+                p.push("scheduler.replan.margin", format!("must be a non-negative fraction, got {}", replan.margin));
+            }
+        }
+    }
+
+    /// The re-planner's settings when `scheduler.replan` is present.
+    pub fn replan_config(&self) -> Option<ReplanConfig> {
+        self.scheduler.replan.as_ref().map(|r| ReplanConfig {
+            interval: Duration::from_secs_f64(r.interval_s.max(0.1)),
+            margin: r.margin,
+            min_steps: r.min_steps,
+            max_batch: self.scheduler.max_batch_rows,
+            entry_model: 0,
+        })
     }
 
     fn check_server(&self, p: &mut Problems) {

@@ -134,6 +134,7 @@ impl SweepSpec {
             batching: BatchingRule::fixed(first),
             limits: self.limits.clone(),
             exclusive_compute: self.exclusive_compute,
+            replan: None,
         }
     }
 }

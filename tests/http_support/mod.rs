@@ -86,6 +86,7 @@ impl TestServer {
             batching: BatchingRule::eager(2),
             limits: StepLimits::default(),
             exclusive_compute: false,
+            replan: None,
         })
         .await
         .unwrap();

@@ -12,6 +12,7 @@
 mod chain;
 mod latency;
 mod observed;
+mod replan;
 mod search;
 mod solve;
 #[cfg(test)]
@@ -19,6 +20,7 @@ mod tests;
 
 pub use latency::LatencyTable;
 pub use observed::input_from_stats;
+pub use replan::{Replan, ReplanConfig, Replanner};
 pub use search::{feasible_thresholds, plan_table, search, search_with, Candidate, Plan, SearchOptions};
 pub use solve::Prediction;
 
