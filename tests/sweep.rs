@@ -57,6 +57,7 @@ fn sweep_measures_every_feasible_point_and_writes_csv_and_chart() {
     let small = tiny_model(dir.path(), "small", "3");
     let large = tiny_model(dir.path(), "large", "4");
     let (csv, chart) = (dir.path().join("sweep.csv"), dir.path().join("sweep.png"));
+    let check = dir.path().join("check.json");
     let p = P.to_string();
     let stdout = tokenrouter(&[
         "sweep",
@@ -84,6 +85,9 @@ fn sweep_measures_every_feasible_point_and_writes_csv_and_chart() {
         csv.to_str().unwrap(),
         "--chart",
         chart.to_str().unwrap(),
+        "--check-plan",
+        "--check-json",
+        check.to_str().unwrap(),
     ]);
     assert!(stdout.contains("tok/s") && stdout.contains("wrote"), "{stdout}");
 
@@ -96,8 +100,24 @@ fn sweep_measures_every_feasible_point_and_writes_csv_and_chart() {
             .iter()
             .map(|(n, b)| (*n, b.to_string()))
             .collect();
-    assert_eq!(points, expected);
-    assert_eq!(rows.len(), expected.len());
+    // The planner's picks join the grid's points when the grid lacked them.
+    let outcome: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&check).unwrap()).unwrap();
+    let checks = outcome["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 2, "one check per N: {outcome}");
+    let mut allowed = expected.clone();
+    for c in checks {
+        let n = c["concurrency"].as_u64().unwrap() as usize;
+        let chosen: Vec<usize> = serde_json::from_value(c["chosen"].clone()).unwrap();
+        assert!(chosen.iter().map(|b| b - 1).sum::<usize>() < n, "infeasible pick {chosen:?} at N={n}");
+        let (measured, best) =
+            (c["measured_tokens_per_sec"].as_f64().unwrap(), c["best_measured_tokens_per_sec"].as_f64().unwrap());
+        assert!(measured > 0.0 && measured <= best && c["predicted_tokens_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+        let label = chosen.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+        assert!(stdout.contains(&label), "{stdout}");
+        allowed.insert((n, label));
+    }
+    assert!(expected.is_subset(&points) && points.is_subset(&allowed), "{points:?}");
+    assert_eq!(rows.len(), points.len());
 
     for r in &rows {
         let n = number(r, "concurrency");

@@ -15,7 +15,7 @@ use tokenrouter_core::policy::{self, ModelInfo, Policy, PolicyContext};
 use tokenrouter_core::sched::planner;
 use tokenrouter_core::sched::SubserverStats;
 
-use crate::sweep::{self, SweepEvent, SweepPoint, SweepSpec};
+use crate::sweep::{self, PlanCheck, SweepEvent, SweepOutcome, SweepPoint, SweepSpec};
 
 #[derive(Args, Debug)]
 pub struct SweepArgs {
@@ -66,6 +66,13 @@ pub struct SweepArgs {
     /// Seed of prompts, sampling and random router weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// After the grid, let the planner pick thresholds per N from the pooled counters,
+    /// measure its picks, and report them against the best measured point.
+    #[arg(long)]
+    check_plan: bool,
+    /// Where to write the planner check as JSON (with --check-plan).
+    #[arg(long, default_value = "sweep-check.json")]
+    check_json: PathBuf,
     #[arg(long, default_value = "sweep.csv")]
     csv: PathBuf,
     #[arg(long, default_value = "sweep.png")]
@@ -116,10 +123,35 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let predict = predictor(spec.limits.max_batch_rows);
-    let points = runtime.block_on(sweep::run(&spec, &predict, &mut observe))?;
+    let outcome = runtime.block_on(sweep::run(&spec, &predict, &mut observe))?;
     bar.finish_and_clear();
-    print_table(&points);
-    write_outputs(&args, &points)
+    print_table(&outcome.points);
+    print_checks(&outcome.checks);
+    write_outputs(&args, &outcome)
+}
+
+fn print_checks(checks: &[PlanCheck]) {
+    if checks.is_empty() {
+        return;
+    }
+    println!("\nplanner (inputs pooled over every point) against the measurements:");
+    println!(
+        "{:>4} {:>8} {:>10} {:>10} {:>8} {:>10} {:>9}",
+        "N", "chosen", "predicted", "measured", "best B", "best tok/s", "of best"
+    );
+    for c in checks {
+        println!(
+            "{:>4} {:>8} {:>10.1} {:>10.1} {:>8} {:>10.1} {:>8.1}%   prediction {:+.1}%",
+            c.concurrency,
+            sweep::chart::label(&c.chosen),
+            c.predicted_tokens_per_sec,
+            c.measured_tokens_per_sec,
+            sweep::chart::label(&c.best_thresholds),
+            c.best_measured_tokens_per_sec,
+            100.0 * c.share_of_best(),
+            100.0 * c.prediction_error()
+        );
+    }
 }
 
 /// The planner's prediction at a point, from what the engine did there: step latency by
@@ -173,6 +205,7 @@ fn spec(args: &SweepArgs) -> anyhow::Result<SweepSpec> {
         temperature: args.temperature,
         limits: StepLimits::default(),
         exclusive_compute: args.exclusive,
+        check_plan: args.check_plan,
     })
 }
 
@@ -235,11 +268,16 @@ fn print_table(points: &[SweepPoint]) {
     println!("(batch: rows per step; fed: tokens fed per step; route: handoffs out per row; busy: share of the window stepping)");
 }
 
-fn write_outputs(args: &SweepArgs, points: &[SweepPoint]) -> anyhow::Result<()> {
+fn write_outputs(args: &SweepArgs, outcome: &SweepOutcome) -> anyhow::Result<()> {
     let mut file = std::fs::File::create(&args.csv).with_context(|| format!("creating {}", args.csv.display()))?;
-    sweep::write_csv(points, &mut file).with_context(|| format!("writing {}", args.csv.display()))?;
-    sweep::write_chart(points, &args.chart)?;
+    sweep::write_csv(&outcome.points, &mut file).with_context(|| format!("writing {}", args.csv.display()))?;
+    sweep::write_chart(&outcome.points, &args.chart)?;
     println!("wrote {} and {}", args.csv.display(), args.chart.display());
+    if !outcome.checks.is_empty() {
+        std::fs::write(&args.check_json, serde_json::to_string_pretty(outcome)?)
+            .with_context(|| format!("writing {}", args.check_json.display()))?;
+        println!("wrote {}", args.check_json.display());
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! threshold vectors: each point re-warms after the switch and then measures.
 
 pub mod chart;
+pub mod check;
 pub mod clients;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use tokenrouter_core::sched::planner::feasible;
 use tokenrouter_core::sched::{BatchingRule, SubserverStats};
 
 pub use chart::{write_chart, write_csv};
+pub use check::PlanCheck;
 use clients::{ClosedLoop, RequestShape};
 
 /// What to sweep.
@@ -40,6 +42,16 @@ pub struct SweepSpec {
     pub temperature: f32,
     pub limits: StepLimits,
     pub exclusive_compute: bool,
+    /// After the grid, let the planner choose thresholds from the pooled counters and
+    /// measure its choices (see [`check`]).
+    pub check_plan: bool,
+}
+
+/// What a sweep measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepOutcome {
+    pub points: Vec<SweepPoint>,
+    pub checks: Vec<PlanCheck>,
 }
 
 /// One model over one measurement window.
@@ -146,21 +158,45 @@ pub async fn run(
     spec: &SweepSpec,
     predict: Predictor<'_>,
     observe: &mut dyn FnMut(SweepEvent<'_>),
-) -> anyhow::Result<Vec<SweepPoint>> {
+) -> anyhow::Result<SweepOutcome> {
     spec.validate()?;
     let plan = schedule(&spec.concurrencies, &spec.grid);
     let Some((_, first)) = plan.first() else {
         bail!("no threshold vector of the grid satisfies Σ(B_i − 1) < N at any of the concurrencies");
     };
     let engine = Engine::start(spec.engine_config(first)).await.context("starting the engine")?;
-    let result = sweep_on(&engine, spec, &plan, observe).await;
+    let result = sweep_and_check(&engine, spec, &plan, observe).await;
     engine.shutdown().await;
-    let mut points = result?;
+    let (mut points, checks) = result?;
     for point in &mut points {
         let predicted = predict(point.concurrency, &point.thresholds, point);
         point.predicted_tokens_per_sec = predicted;
     }
-    Ok(points)
+    Ok(SweepOutcome { points, checks })
+}
+
+async fn sweep_and_check(
+    engine: &Engine,
+    spec: &SweepSpec,
+    plan: &[(usize, Vec<usize>)],
+    observe: &mut dyn FnMut(SweepEvent<'_>),
+) -> anyhow::Result<(Vec<SweepPoint>, Vec<PlanCheck>)> {
+    let mut points = sweep_on(engine, spec, plan, observe).await?;
+    let checks = match spec.check_plan {
+        true => check::check_plans(engine, spec, &mut points, observe).await?,
+        false => Vec::new(),
+    };
+    Ok((points, checks))
+}
+
+fn request_shape(engine: &Engine, spec: &SweepSpec) -> RequestShape {
+    RequestShape {
+        prompt_tokens: spec.prompt_tokens,
+        output_tokens: spec.output_tokens,
+        vocab: engine.shared_vocab(),
+        seed: spec.seed,
+        temperature: spec.temperature,
+    }
 }
 
 async fn sweep_on(
@@ -169,13 +205,7 @@ async fn sweep_on(
     plan: &[(usize, Vec<usize>)],
     observe: &mut dyn FnMut(SweepEvent<'_>),
 ) -> anyhow::Result<Vec<SweepPoint>> {
-    let shape = RequestShape {
-        prompt_tokens: spec.prompt_tokens,
-        output_tokens: spec.output_tokens,
-        vocab: engine.shared_vocab(),
-        seed: spec.seed,
-        temperature: spec.temperature,
-    };
+    let shape = request_shape(engine, spec);
     let mut points = Vec::with_capacity(plan.len());
     for group in plan.chunk_by(|a, b| a.0 == b.0) {
         let n = group[0].0;

@@ -112,6 +112,28 @@ impl SubserverStats {
         }
     }
 
+    /// The counters of two windows together.
+    pub fn plus(&self, other: &SubserverStats) -> SubserverStats {
+        let add = |a: &[u64], b: &[u64]| -> Vec<u64> {
+            (0..a.len().max(b.len())).map(|i| a.get(i).unwrap_or(&0) + b.get(i).unwrap_or(&0)).collect()
+        };
+        SubserverStats {
+            steps: self.steps + other.steps,
+            rows: self.rows + other.rows,
+            tokens_fed: self.tokens_fed + other.tokens_fed,
+            tokens_committed: self.tokens_committed + other.tokens_committed,
+            handoffs_out: self.handoffs_out + other.handoffs_out,
+            handoffs_in: self.handoffs_in + other.handoffs_in,
+            evictions: self.evictions + other.evictions,
+            busy: self.busy + other.busy,
+            handoffs_to: add(&self.handoffs_to, &other.handoffs_to),
+            steps_by_rows: add(&self.steps_by_rows, &other.steps_by_rows),
+            seconds_by_rows: (0..self.seconds_by_rows.len().max(other.seconds_by_rows.len()))
+                .map(|i| self.seconds_by_rows.get(i).unwrap_or(&0.0) + other.seconds_by_rows.get(i).unwrap_or(&0.0))
+                .collect(),
+        }
+    }
+
     fn record_step(&mut self, rows: usize, elapsed: Duration) {
         if rows == 0 {
             return;
