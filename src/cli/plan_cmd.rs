@@ -50,6 +50,10 @@ pub struct PlanArgs {
     /// latencies by batch size from its /v1/stats.
     #[arg(long)]
     from_metrics: Option<String>,
+    /// A `tokenrouter sweep` JSON (--check-json): routing, commits and latencies by batch
+    /// size pooled over its points.
+    #[arg(long)]
+    from_sweep: Option<PathBuf>,
     /// Write the threshold table into this config file's `scheduler.thresholds`.
     #[arg(long)]
     write_config: Option<PathBuf>,
@@ -57,6 +61,10 @@ pub struct PlanArgs {
     /// at 4δ and solve the best 8 at δ).
     #[arg(long)]
     exhaustive: bool,
+    /// Also print the prediction for these thresholds at each N (e.g. --predict 1,1
+    /// --predict 2,4), to compare with the best.
+    #[arg(long)]
+    predict: Vec<String>,
     /// Write the plans as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -70,6 +78,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let options = if args.exhaustive { SearchOptions::exhaustive() } else { SearchOptions::default() };
     let plans = planner::plan_table(&input, &concurrencies, options)?;
     print_plans(&plans, &input, started.elapsed().as_secs_f64());
+    print_predictions(&args.predict, &input, &concurrencies)?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&plans)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -85,22 +94,26 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
 
 /// The inputs, and the model names when a server told them.
 fn planner_input(args: &PlanArgs) -> anyhow::Result<(PlannerInput, Option<Vec<String>>)> {
-    let (mut input, names) = match &args.from_metrics {
-        Some(url) => {
-            let (input, names) = super::plan_remote::input_from_server(url, args.max_batch)?;
-            (input, Some(names))
-        }
+    let measured = match (&args.from_metrics, &args.from_sweep) {
+        (Some(_), Some(_)) => bail!("give --from-metrics or --from-sweep, not both"),
+        (Some(url), None) => Some(super::plan_remote::input_from_server(url, args.max_batch)?),
+        (None, Some(path)) => Some(super::plan_remote::input_from_sweep(path, args.max_batch)?),
+        (None, None) => None,
+    };
+    let observed = measured.is_some();
+    let (mut input, names) = match measured {
+        Some((input, names)) => (input, Some(names)),
         None => (PlannerInput::delegation(LatencyTable::constant(1.0), LatencyTable::constant(1.0), 0.0), None),
     };
     if let Some(latencies) = given_latencies(args)? {
-        if args.from_metrics.is_none() {
+        if !observed {
             input = routing_input(args, latencies.len())?;
         } else if latencies.len() != input.models() {
-            bail!("{} latencies given for the server's {} models", latencies.len(), input.models());
+            bail!("{} latencies given for the measured {} models", latencies.len(), input.models());
         }
         input.latencies = latencies;
-    } else if args.from_metrics.is_none() {
-        bail!("give step latencies: --latency-ms, --profile, or --from-metrics");
+    } else if !observed {
+        bail!("give step latencies: --latency-ms, --latency-table, --profile, --from-metrics or --from-sweep");
     } else if args.route.is_some() || args.route_matrix.is_some() {
         let models = input.models();
         input = PlannerInput { latencies: input.latencies, ..routing_input(args, models)? };
@@ -262,6 +275,25 @@ fn print_plans(plans: &[Plan], input: &PlannerInput, seconds: f64) {
     }
     let evaluated: usize = plans.iter().map(|p| p.evaluated).sum();
     println!("solved {evaluated} chains in {seconds:.2} s");
+}
+
+fn print_predictions(vectors: &[String], input: &PlannerInput, concurrencies: &[usize]) -> anyhow::Result<()> {
+    for text in vectors {
+        let thresholds: Vec<usize> = text
+            .split(',')
+            .map(|b| b.trim().parse())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("--predict {text:?}: thresholds separated by ','"))?;
+        let cells: Vec<String> = concurrencies
+            .iter()
+            .map(|&n| match planner::predict(input, n, &thresholds) {
+                Ok(p) => format!("N={n}: {:.1}", p.tokens_per_sec),
+                Err(_) => format!("N={n}: -"),
+            })
+            .collect();
+        println!("B = {}: {}", join(&thresholds), cells.join(", "));
+    }
+    Ok(())
 }
 
 fn join(values: &[usize]) -> String {

@@ -20,6 +20,24 @@ pub fn input_from_server(base: &str, max_batch: usize) -> anyhow::Result<(Planne
     Ok((input, names))
 }
 
+/// The planner input pooled over every point of a `tokenrouter sweep --check-plan`
+/// JSON file, and the model names.
+pub fn input_from_sweep(path: &std::path::Path, max_batch: usize) -> anyhow::Result<(PlannerInput, Vec<String>)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let body: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let points = body["points"].as_array().with_context(|| format!("{}: no `points` list", path.display()))?;
+    let mut pooled: Vec<SubserverStats> = Vec::new();
+    let mut names = Vec::new();
+    for point in points {
+        let (point_names, stats) = parse_stats(point).with_context(|| format!("a point of {}", path.display()))?;
+        if pooled.is_empty() {
+            (pooled, names) = (vec![SubserverStats::default(); stats.len()], point_names);
+        }
+        pooled.iter_mut().zip(&stats).for_each(|(sum, s)| *sum = sum.plus(s));
+    }
+    Ok((input_from_stats(&pooled, 0, max_batch)?, names))
+}
+
 /// `http://host:port`, `.../metrics` or `.../v1/stats` all mean the same server.
 fn stats_url(base: &str) -> String {
     let trimmed = base.trim_end_matches('/');

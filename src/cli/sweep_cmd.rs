@@ -134,14 +134,15 @@ fn print_checks(checks: &[PlanCheck]) {
     if checks.is_empty() {
         return;
     }
-    println!("\nplanner (inputs pooled over every point) against the measurements:");
+    println!("\nplanner (inputs pooled over every point) against the measurements; where it chose another point than");
+    println!("the grid's best, both were measured again in fresh interleaved windows (rounds) and compared on those:");
     println!(
-        "{:>4} {:>8} {:>10} {:>10} {:>8} {:>10} {:>9}",
-        "N", "chosen", "predicted", "measured", "best B", "best tok/s", "of best"
+        "{:>4} {:>8} {:>10} {:>10} {:>8} {:>10} {:>9} {:>7}",
+        "N", "chosen", "predicted", "measured", "best B", "best tok/s", "of best", "rounds"
     );
     for c in checks {
         println!(
-            "{:>4} {:>8} {:>10.1} {:>10.1} {:>8} {:>10.1} {:>8.1}%   prediction {:+.1}%",
+            "{:>4} {:>8} {:>10.1} {:>10.1} {:>8} {:>10.1} {:>8.1}% {:>7}   prediction {:+.1}%  (grid best {:.1})",
             c.concurrency,
             sweep::chart::label(&c.chosen),
             c.predicted_tokens_per_sec,
@@ -149,7 +150,9 @@ fn print_checks(checks: &[PlanCheck]) {
             sweep::chart::label(&c.best_thresholds),
             c.best_measured_tokens_per_sec,
             100.0 * c.share_of_best(),
-            100.0 * c.prediction_error()
+            c.confirm_rounds,
+            100.0 * c.prediction_error(),
+            c.grid_best_tokens_per_sec
         );
     }
 }

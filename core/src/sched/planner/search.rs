@@ -43,19 +43,23 @@ pub struct SearchOptions {
     /// then solve only the best `refine` at the input's own (1 = no screening).
     pub coarsen: f64,
     pub refine: usize,
+    /// Candidates predicted within this fraction of the best count as ties, and the
+    /// smallest thresholds among them win: a threshold above 1 makes requests wait,
+    /// and a gain below the model's own error is no reason to.
+    pub tie_tolerance: f64,
 }
 
 impl Default for SearchOptions {
     /// Screening at 4δ keeps the ranking (tests compare it with exhaustive search)
     /// while cutting the states of a large-N chain about fourfold.
     fn default() -> Self {
-        SearchOptions { coarsen: 4.0, refine: 8 }
+        SearchOptions { coarsen: 4.0, refine: 8, tie_tolerance: 0.01 }
     }
 }
 
 impl SearchOptions {
     pub fn exhaustive() -> Self {
-        SearchOptions { coarsen: 1.0, refine: usize::MAX }
+        SearchOptions { coarsen: 1.0, refine: usize::MAX, tie_tolerance: 0.01 }
     }
 }
 
@@ -73,12 +77,17 @@ pub fn search_with(input: &PlannerInput, n: usize, options: SearchOptions) -> Re
         let coarse = PlannerInput { delta_ms: Some(input.delta_ms() * options.coarsen), ..input.clone() };
         let mut screened = evaluate(&coarse, n, grid)?;
         evaluated += screened.len();
-        rank(&mut screened);
+        rank(&mut screened, 0.0);
         grid = screened.into_iter().take(options.refine).map(|c| c.thresholds).collect();
+        // Eager launching is the tie-breaker's favourite: always solve it exactly.
+        let eager = vec![1; input.models()];
+        if !grid.contains(&eager) {
+            grid.push(eager);
+        }
     }
     let mut candidates = evaluate(input, n, grid)?;
     evaluated += candidates.len();
-    rank(&mut candidates);
+    rank(&mut candidates, options.tie_tolerance);
     let mut ranked = candidates.into_iter();
     let best = ranked.next().ok_or(PlanError::Concurrency(n))?;
     Ok(Plan { n, best, runner_up: ranked.next(), evaluated })
@@ -90,7 +99,22 @@ fn evaluate(input: &PlannerInput, n: usize, grid: Vec<Vec<usize>>) -> Result<Vec
         .collect()
 }
 
-fn rank(candidates: &mut [Candidate]) {
+/// Best predicted first, except that the smallest thresholds within `tolerance` of the
+/// best move to the front.
+fn rank(candidates: &mut [Candidate], tolerance: f64) {
+    sort_by_throughput(candidates);
+    let Some(top) = candidates.first().map(|c| c.prediction.tokens_per_sec) else { return };
+    let tied = candidates.iter().take_while(|c| c.prediction.tokens_per_sec >= top * (1.0 - tolerance)).count();
+    let smallest = (0..tied)
+        .min_by(|&a, &b| {
+            let (x, y) = (&candidates[a].thresholds, &candidates[b].thresholds);
+            x.iter().sum::<usize>().cmp(&y.iter().sum()).then(x.cmp(y))
+        })
+        .unwrap_or(0);
+    candidates[..=smallest].rotate_right(1);
+}
+
+fn sort_by_throughput(candidates: &mut [Candidate]) {
     candidates.sort_by(|a, b| {
         let (ta, tb) = (a.prediction.tokens_per_sec, b.prediction.tokens_per_sec);
         if (ta - tb).abs() <= 1e-6 * ta.max(tb) {
