@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod dashboard;
 pub mod http;
+pub mod pools;
 pub mod sweep;
 
 pub use tokenrouter_actors as actors;

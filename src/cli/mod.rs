@@ -4,6 +4,8 @@ mod generate_cmd;
 mod model_cmd;
 mod plan_cmd;
 mod plan_remote;
+mod pools_cmd;
+mod pools_estimate;
 mod profile_cmd;
 mod serve;
 mod sweep_cmd;
@@ -35,6 +37,9 @@ pub enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Measure throughput over a grid of batching thresholds and concurrencies, beside the planner's prediction.
     Sweep(sweep_cmd::SweepArgs),
+    /// Dual-pool routing: cost model, fleet simulator, estimator accuracy.
+    #[command(subcommand)]
+    Pools(pools_cmd::PoolsCommand),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -47,5 +52,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(args) => profile_cmd::run(args, threads),
         Command::Plan(args) => plan_cmd::run(args),
         Command::Sweep(args) => sweep_cmd::run(args),
+        Command::Pools(command) => pools_cmd::run(command),
     }
 }

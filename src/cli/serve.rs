@@ -11,7 +11,7 @@ use tokenrouter_actors::Engine;
 use tokenrouter_core::policy::Policy;
 
 use crate::config::{self, ModelCache, PolicyCatalog, ServerConfig};
-use crate::http::{self, ApiError, AppState, Limits, PolicyResolver, RoutingRequest};
+use crate::http::{self, ApiError, AppState, Generator, Limits, PolicyResolver, RoutingRequest};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -53,20 +53,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spinner = progress.add(indicatif::ProgressBar::new_spinner());
     spinner.set_message(format!("loading {} model(s)", prepared.engine.models.len()));
     spinner.enable_steady_tick(Duration::from_millis(120));
-    let engine = Engine::start(prepared.engine.clone()).await.context("starting the engine")?;
+    let (generator, engines) = start_generator(&config, &prepared).await?;
+    let engine = &engines[0];
     spinner.finish_and_clear();
     print_models(&engine).await;
 
     let limits = Limits {
         max_body_bytes: config.server.max_body_bytes,
         max_queued_requests: config.server.max_queued_requests,
-        max_tokens_limit: config.max_tokens_limit(engine.max_context()),
+        max_tokens_limit: config.max_tokens_limit(generator.max_context()),
         shutdown_grace: Duration::from_secs(config.server.shutdown_grace_secs),
         ..Limits::default()
     };
     let resolver = CatalogResolver(Arc::new(prepared.catalog));
     let served = engine.model_names().join("+");
-    let state = AppState::new(Arc::new(engine.clone()), Arc::new(resolver))
+    let state = AppState::new(generator, Arc::new(resolver))
         .with_limits(limits)
         .with_api_keys(config.server.api_keys.clone())
         .with_served_model(served)
@@ -74,9 +75,36 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let server = http::run_server(state, config.server.address(), shutdown_signal()).await?;
     println!("tokenrouter listening on http://{}  (dashboard: http://{}/dashboard)", server.addr(), server.addr());
     server.wait().await?;
-    engine.shutdown().await;
+    for engine in engines {
+        engine.shutdown().await;
+    }
     say("tokenrouter stopped");
     Ok(())
+}
+
+/// One engine, or with `pools` the dispatcher over the pools' engines; also every
+/// engine started, to shut down at the end.
+async fn start_generator(
+    config: &ServerConfig,
+    prepared: &config::Prepared,
+) -> anyhow::Result<(Arc<dyn Generator>, Vec<Engine>)> {
+    let Some(section) = &config.pools else {
+        let engine = Engine::start(prepared.engine.clone()).await.context("starting the engine")?;
+        let generator: Arc<dyn Generator> = Arc::new(engine.clone());
+        return Ok((generator, vec![engine]));
+    };
+    let started = crate::pools::start_pools(section, &prepared.engine).await?;
+    println!(
+        "pools: short ≤ {} tokens ({} engine(s), {} upstream(s)), long ≤ {} tokens ({} engine(s), {} upstream(s))",
+        section.short.max_context,
+        section.short.engine_count(),
+        section.short.upstreams.len(),
+        section.long.max_context,
+        section.long.engine_count(),
+        section.long.upstreams.len()
+    );
+    let generator: Arc<dyn Generator> = started.dispatcher;
+    Ok((generator, started.engines))
 }
 
 /// A status line that never fails the server (stdout may be a closed pipe).

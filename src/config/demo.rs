@@ -24,6 +24,7 @@ pub fn demo_config() -> ServerConfig {
         },
         scheduler: SchedulerSection::default(),
         server: ServerSection::default(),
+        pools: None,
         base_dir: PathBuf::from("."),
     }
 }

@@ -11,6 +11,7 @@ mod cache;
 mod catalog;
 mod demo;
 mod error;
+mod pools;
 mod prepare;
 mod schema;
 mod tokenizer;
@@ -28,6 +29,7 @@ pub use cache::{default_cache_dir, ModelCache, TokenizerChoice};
 pub use catalog::{CatalogError, PolicyCatalog};
 pub use demo::demo_config;
 pub use error::{ConfigError, Problem};
+pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
 pub use schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec};
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
@@ -45,6 +47,9 @@ pub struct ServerConfig {
     pub scheduler: SchedulerSection,
     #[serde(default)]
     pub server: ServerSection,
+    /// Dual-pool routing over pools of engines (absent: one engine).
+    #[serde(default)]
+    pub pools: Option<PoolsSection>,
     /// Relative paths (model folders, router weights) resolve against this folder: the
     /// config file's. Not a YAML key.
     #[serde(skip)]

@@ -24,6 +24,7 @@ impl ServerConfig {
         self.check_policy(&mut problems);
         self.check_scheduler(&mut problems);
         self.check_server(&mut problems);
+        self.check_pools(&mut problems);
         problems.finish()
     }
 

@@ -36,6 +36,16 @@ pub trait Generator: Send + Sync + 'static {
     /// Submits a request; its events arrive on the stream.
     fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>>;
 
+    /// Submits a request with the text its prompt was tokenized from (`None` when it
+    /// came as token ids): a pool dispatcher estimates the request's size from it.
+    fn generate_with_text(
+        &self,
+        request: GenerateRequest,
+        _prompt_text: Option<&str>,
+    ) -> BoxFuture<'_, Result<EventStream, EngineError>> {
+        self.generate(request)
+    }
+
     /// Renders a conversation with the chat template and tokenizes it.
     fn chat(
         &self,

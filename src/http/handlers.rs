@@ -44,7 +44,7 @@ async fn serve(state: &AppState, body: OpenAiRequest, endpoint: Endpoint) -> Res
     let stream = plan.stream;
     // Errors up to here (including the engine refusing the request) are HTTP errors;
     // once the stream has begun they travel inside it.
-    let events = state.engine.generate(plan.generate).await?;
+    let events = state.engine.generate_with_text(plan.generate, plan.prompt_text.as_deref()).await?;
     if stream {
         let body = SseStream::new(events, StreamEncoder::new(shape), state.limits.keep_alive_interval, permit);
         return Ok(HttpResponse::Ok()

@@ -104,6 +104,8 @@ pub struct Plan {
     pub logprobs: Option<usize>,
     /// The model name echoed in the response.
     pub model: String,
+    /// The text the prompt was tokenized from (rendered chat or completion prompt).
+    pub prompt_text: Option<String>,
 }
 
 impl OpenAiRequest {
@@ -124,7 +126,7 @@ impl OpenAiRequest {
         let logprobs = self.logprobs_wanted(endpoint)?;
         let policy = state.policies.resolve(self.routing.as_ref())?;
         let sampling = self.sampling(logprobs)?;
-        let (prompt, prompt_param) = self.tokenize(state, endpoint).await?;
+        let (prompt, prompt_text, prompt_param) = self.tokenize(state, endpoint).await?;
         let max_tokens = self.max_tokens(state, prompt.len(), prompt_param)?;
         let mut generate = GenerateRequest::new(prompt, max_tokens);
         generate.sampling = sampling;
@@ -148,6 +150,7 @@ impl OpenAiRequest {
             trace: self.routing.is_some_and(|r| r.trace),
             logprobs,
             model,
+            prompt_text,
         })
     }
 
@@ -199,9 +202,14 @@ impl OpenAiRequest {
         Ok(p)
     }
 
-    /// The prompt's token ids, and the field it came from (for error params).
-    async fn tokenize(&self, state: &AppState, endpoint: Endpoint) -> Result<(Vec<u32>, &'static str), ApiError> {
-        let ids = match endpoint {
+    /// The prompt's token ids, the text they came from (none for token-id prompts),
+    /// and the field it came from (for error params).
+    async fn tokenize(
+        &self,
+        state: &AppState,
+        endpoint: Endpoint,
+    ) -> Result<(Vec<u32>, Option<String>, &'static str), ApiError> {
+        let (ids, text) = match endpoint {
             Endpoint::Chat => {
                 let Some(messages) = self.messages.clone() else {
                     return Err(ApiError::bad_request("`messages` is required", Some("messages")));
@@ -213,22 +221,24 @@ impl OpenAiRequest {
                     add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
                     extra: self.chat_template_kwargs.clone().unwrap_or_default(),
                 };
-                return Ok((state.engine.chat(messages, options).await?.ids, "messages"));
+                let rendered = state.engine.chat(messages, options).await?;
+                return Ok((rendered.ids, Some(rendered.text), "messages"));
             }
             Endpoint::Completions => match self.prompt.clone() {
                 None => return Err(ApiError::bad_request("`prompt` is required", Some("prompt"))),
-                Some(Prompt::Tokens(ids)) => ids,
-                Some(Prompt::TokenLists(mut lists)) if lists.len() == 1 => lists.remove(0),
-                Some(Prompt::Text(text)) => state.engine.encode(text, true).await?,
+                Some(Prompt::Tokens(ids)) => (ids, None),
+                Some(Prompt::TokenLists(mut lists)) if lists.len() == 1 => (lists.remove(0), None),
+                Some(Prompt::Text(text)) => (state.engine.encode(text.clone(), true).await?, Some(text)),
                 Some(Prompt::Texts(mut texts)) if texts.len() == 1 => {
-                    state.engine.encode(texts.remove(0), true).await?
+                    let text = texts.remove(0);
+                    (state.engine.encode(text.clone(), true).await?, Some(text))
                 }
                 Some(_) => {
                     return Err(ApiError::bad_request("only one prompt per request is supported", Some("prompt")))
                 }
             },
         };
-        Ok((ids, "prompt"))
+        Ok((ids, text, "prompt"))
     }
 
     /// The output budget: as asked (within the server's limit and the context), or
