@@ -13,9 +13,11 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::client::{Client, Endpoint, RequestOptions};
+use crate::dispatch::{parse_server, DispatchConfig, Dispatcher, ServerKind};
+use crate::prompt::load_tokenizer;
 use crate::prompt::PromptMaker;
 use crate::report::{Report, RunInfo};
-use crate::runner::{self, Limits, LoadShape};
+use crate::runner::{self, Limits, LoadShape, Transport};
 use crate::stats::Summary;
 use crate::target::Target;
 use crate::trace::{load_trace, parse_trace, TraceRow};
@@ -90,6 +92,28 @@ pub struct LoadArgs {
     /// Ask for the model of every token (`routing.trace`), counted while streaming.
     #[arg(long)]
     pub routing_trace: bool,
+    /// Standard serving: route token by token from here over one single-model server
+    /// per model (--servers), each call the whole sequence with max_tokens = 1,
+    /// instead of sending requests to --url.
+    #[arg(long, value_enum)]
+    pub dispatch: Option<DispatchMode>,
+    /// Standard serving: the per-model servers as NAME=URL, in the policy's model
+    /// order (small first), e.g. small=http://127.0.0.1:8001,large=http://127.0.0.1:8002.
+    #[arg(long, value_delimiter = ',')]
+    pub servers: Vec<String>,
+    /// Standard serving: the servers' API.
+    #[arg(long, value_enum, default_value = "tokenrouter")]
+    pub server_kind: ServerKind,
+    /// Standard serving: the routing policy, by the engine's names (random, rstitch, me, ...).
+    #[arg(long, default_value = "random")]
+    pub policy: String,
+    /// Standard serving: the policy's parameters as JSON, e.g. '{"p":0.1}'.
+    #[arg(long)]
+    pub policy_params: Option<String>,
+    /// Standard serving: the models' vocabulary size (for policies that read the
+    /// next-token distribution).
+    #[arg(long, default_value_t = 151_936)]
+    pub vocab_size: usize,
     /// Write the summary and every request here (JSON).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -103,10 +127,8 @@ pub struct LoadArgs {
 
 /// Runs the load described by `args` and writes the files it names.
 pub async fn execute(args: &LoadArgs, interrupt: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<Report> {
-    let target = Target::parse(&args.url)?;
     args.check()?;
-    let client = Arc::new(Client::new(target.clone(), args.request_options()?)?);
-    let served_models = client.models().await?;
+    let (transport, target, served_models) = args.transport().await?;
     let maker = match &args.tokenizer {
         Some(path) => PromptMaker::with_tokenizer(path)?,
         None => PromptMaker::approximate(),
@@ -116,7 +138,7 @@ pub async fn execute(args: &LoadArgs, interrupt: impl Future<Output = ()> + Send
     let jobs = tokio::task::spawn_blocking(move || make_jobs(&spec, &maker, rows.as_deref(), count)).await?;
     anyhow::ensure!(!jobs.is_empty(), "the workload has no requests");
     let shape = args.shape(&jobs);
-    let info = args.run_info(&target, served_models, &shape);
+    let info = args.run_info(target, served_models, &shape);
     if !args.quiet {
         eprintln!("{}", preamble(&info, &jobs));
     }
@@ -127,7 +149,7 @@ pub async fn execute(args: &LoadArgs, interrupt: impl Future<Output = ()> + Send
         duration: Duration::from_secs_f64(args.duration),
         grace: Duration::from_secs_f64(args.grace),
     };
-    let result = runner::run(client, jobs, &shape, limits, progress, interrupt).await;
+    let result = runner::run(Arc::new(transport), jobs, &shape, limits, progress, interrupt).await;
     let summary = Summary::new(&result.records, result.elapsed_s);
     let report = Report { run: info, summary, requests: result.records };
     if let Some(path) = &args.json {
@@ -159,7 +181,53 @@ impl LoadArgs {
         let trace = self.workload == WorkloadKind::Trace;
         anyhow::ensure!(trace || self.trace.is_none(), "--trace needs --workload trace");
         anyhow::ensure!(trace || !self.replay, "--replay needs --workload trace (it replays the trace's timestamps)");
+        if self.dispatch.is_some() {
+            anyhow::ensure!(self.tokenizer.is_some(), "--dispatch needs --tokenizer (it sends token ids)");
+            anyhow::ensure!(!self.servers.is_empty(), "--dispatch needs --servers NAME=URL,NAME=URL");
+            anyhow::ensure!(
+                self.routing.is_none() && !self.routing_trace,
+                "--routing and --routing-trace are for the engine; standard serving takes --policy"
+            );
+        } else {
+            anyhow::ensure!(self.servers.is_empty(), "--servers needs --dispatch standard");
+        }
         Ok(())
+    }
+
+    /// Where requests go: a streamed request to --url, or the dispatcher over
+    /// --servers. Also returns the target as the report names it and the models
+    /// it serves; fails early when a server does not answer.
+    async fn transport(&self) -> anyhow::Result<(Transport, String, Vec<String>)> {
+        let Some(DispatchMode::Standard) = self.dispatch else {
+            let target = Target::parse(&self.url)?;
+            let client = Client::new(target.clone(), self.request_options()?)?;
+            let served = client.models().await?;
+            return Ok((Transport::Stream(client), target.to_string(), served));
+        };
+        let servers = self.servers.iter().map(|s| parse_server(s)).collect::<anyhow::Result<Vec<_>>>()?;
+        let params = match &self.policy_params {
+            Some(text) => serde_json::from_str(text).context("--policy-params is not JSON")?,
+            None => serde_json::Value::Null,
+        };
+        let label = format!(
+            "standard serving ({}, policy {} {}) over {}",
+            value_name(&self.server_kind),
+            self.policy,
+            params,
+            self.servers.join(",")
+        );
+        let config = DispatchConfig {
+            servers,
+            kind: self.server_kind,
+            policy: self.policy.clone(),
+            params,
+            vocab_size: self.vocab_size,
+            temperature: self.temperature,
+            ignore_eos: !self.allow_eos,
+        };
+        let tokenizer = load_tokenizer(self.tokenizer.as_deref().context("--dispatch needs --tokenizer")?)?;
+        let (dispatcher, served) = Dispatcher::connect(config, tokenizer).await?;
+        Ok((Transport::Dispatch(dispatcher), label, served))
     }
 
     fn request_options(&self) -> anyhow::Result<RequestOptions> {
@@ -224,14 +292,14 @@ impl LoadArgs {
         LoadShape::Closed { clients: self.clients.unwrap_or(1) }
     }
 
-    fn run_info(&self, target: &Target, served_models: Vec<String>, shape: &LoadShape) -> RunInfo {
+    fn run_info(&self, target: String, served_models: Vec<String>, shape: &LoadShape) -> RunInfo {
         let load = match (shape, self.rate) {
             (LoadShape::Closed { clients }, _) => format!("closed loop, {clients} client(s)"),
             (LoadShape::Open { .. }, Some(rate)) => format!("open loop, Poisson {rate} job(s)/s"),
             (LoadShape::Open { .. }, None) => format!("open loop, trace replay x{}", self.time_scale),
         };
         RunInfo {
-            target: target.to_string(),
+            target,
             served_models,
             workload: value_name(&self.workload),
             endpoint: value_name(&self.endpoint),
@@ -252,6 +320,13 @@ impl LoadArgs {
                 .map_or(0.0, |d| d.as_secs_f64()),
         }
     }
+}
+
+/// How requests reach the models besides the default (one request to --url).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DispatchMode {
+    /// One single-model server per model and token-by-token routing from here.
+    Standard,
 }
 
 /// A value as the command line spells it, for the report.

@@ -56,6 +56,12 @@ impl Conversation {
     pub fn assistant(&mut self, text: String) {
         self.messages.push(("assistant", text));
     }
+
+    /// The conversation as one completions prompt: the turns joined by blank lines.
+    pub fn completion_prompt(&self) -> String {
+        let texts: Vec<&str> = self.messages.iter().map(|(_, t)| t.as_str()).collect();
+        texts.join("\n\n")
+    }
 }
 
 /// What came back for one request.
@@ -82,9 +88,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(target: Target, options: RequestOptions) -> anyhow::Result<Client> {
-        // No proxy: an HTTP_PROXY in the environment must not carry loopback load elsewhere.
-        let http = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(usize::MAX).build()?;
-        Ok(Client { http, target, options })
+        Ok(Client { http: http_client()?, target, options })
     }
 
     pub fn options(&self) -> &RequestOptions {
@@ -107,6 +111,20 @@ impl Client {
         Ok(ids.map(Iterator::collect).unwrap_or_default())
     }
 
+    /// A plain (unstreamed) JSON call: the reply's body, or why there is none.
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, String> {
+        let url = self.target.url(path);
+        let response = self.http.post(&url).json(body).send().await.map_err(|e| chain(&e))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| format!("reading the reply: {}", chain(&e)))?;
+        let value = serde_json::from_str::<Value>(&text);
+        if !status.is_success() {
+            let message = value.map(|v| error_message(&v["error"])).unwrap_or(text);
+            return Err(format!("HTTP {}: {message}", status.as_u16()));
+        }
+        value.map_err(|e| format!("unreadable reply ({e}): {text}"))
+    }
+
     /// The request body for a conversation.
     pub fn body(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Value {
         let o = &self.options;
@@ -122,10 +140,7 @@ impl Client {
                     conversation.messages.iter().map(|(role, text)| json!({ "role": role, "content": text })).collect();
                 body["messages"] = Value::Array(messages);
             }
-            Endpoint::Completions => {
-                let texts: Vec<&str> = conversation.messages.iter().map(|(_, t)| t.as_str()).collect();
-                body["prompt"] = json!(texts.join("\n\n"));
-            }
+            Endpoint::Completions => body["prompt"] = json!(conversation.completion_prompt()),
         }
         if let Some(model) = &o.model {
             body["model"] = json!(model);
@@ -182,9 +197,15 @@ impl Client {
     }
 }
 
+/// The HTTP client of every request this crate sends.
+pub(crate) fn http_client() -> reqwest::Result<reqwest::Client> {
+    // No proxy: an HTTP_PROXY in the environment must not carry loopback load elsewhere.
+    reqwest::Client::builder().no_proxy().pool_max_idle_per_host(usize::MAX).build()
+}
+
 /// An error with its causes: reqwest's own message alone says little
 /// ("error sending request"), the cause says why (connection refused).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -5,8 +5,10 @@
 //! trace replay), a summary, and JSON/CSV results. The binary is a thin shell over
 //! [`cli::execute`], which other tools and tests call the same way.
 
+pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod dispatch;
 pub mod prompt;
 pub mod record;
 pub mod report;

@@ -195,11 +195,7 @@ impl PromptMaker {
 
     /// `path` is a tokenizer.json or a folder that holds one.
     pub fn with_tokenizer(path: &Path) -> anyhow::Result<Self> {
-        let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
-        let tokenizer = Tokenizer::from_file(&file)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(|| format!("loading tokenizer {}", file.display()))?;
-        Ok(PromptMaker { tokenizer: Some(tokenizer) })
+        Ok(PromptMaker { tokenizer: Some(load_tokenizer(path)?) })
     }
 
     pub fn is_exact(&self) -> bool {
@@ -234,6 +230,14 @@ impl PromptMaker {
         }
         cut_to_tokens(tokenizer, &words.join(" "), tokens)
     }
+}
+
+/// `path` is a tokenizer.json or a folder that holds one.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
+    let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+    Tokenizer::from_file(&file)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("loading tokenizer {}", file.display()))
 }
 
 fn word(rng: &mut SplitMix64) -> &'static str {

@@ -14,8 +14,26 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::{Client, Conversation, Outcome};
+use crate::dispatch::Dispatcher;
 use crate::record::{RequestRecord, Slot};
 use crate::workload::Job;
+
+/// How a request reaches the models: one streamed request to a server, or the
+/// standard-serving dispatcher's one-token calls to per-model servers.
+pub enum Transport {
+    Stream(Client),
+    Dispatch(Dispatcher),
+}
+
+impl Transport {
+    /// Sends one request; never fails, a failure is in the outcome.
+    pub async fn send(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Outcome {
+        match self {
+            Transport::Stream(client) => client.send(&client.body(conversation, max_tokens, seed)).await,
+            Transport::Dispatch(dispatcher) => dispatcher.send(conversation, max_tokens, seed).await,
+        }
+    }
+}
 
 /// How requests arrive.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -60,7 +78,7 @@ const CUT_BY_INTERRUPT: &str = "cut: the run was interrupted";
 /// Runs `jobs` against the server and returns every request's record. `interrupt`
 /// resolving (Ctrl-C in the CLI) cuts the run short; results so far are kept.
 pub async fn run(
-    client: Arc<Client>,
+    transport: Arc<Transport>,
     jobs: Vec<Job>,
     shape: &LoadShape,
     limits: Limits,
@@ -70,7 +88,7 @@ pub async fn run(
     let (phase, _) = watch::channel(Phase::Running);
     let start = Instant::now();
     let run = Arc::new(Run {
-        client,
+        transport,
         jobs,
         start,
         deadline: start + limits.duration,
@@ -94,7 +112,7 @@ pub async fn run(
 }
 
 struct Run {
-    client: Arc<Client>,
+    transport: Arc<Transport>,
     jobs: Vec<Job>,
     start: Instant,
     deadline: Instant,
@@ -190,9 +208,8 @@ impl Run {
         for (turn, t) in job.turns.iter().enumerate() {
             let Some(index) = self.take() else { return };
             conversation.user(&t.text);
-            let body = self.client.body(&conversation, job.max_tokens, job.sampling_seed(turn));
             let start_s = self.start.elapsed().as_secs_f64();
-            let outcome = self.send(&body).await;
+            let outcome = self.send(&conversation, job.max_tokens, job.sampling_seed(turn)).await;
             let slot = Slot { index, job: job.id, turn, start_s, turn_tokens: t.tokens, max_tokens: job.max_tokens };
             self.record(RequestRecord::new(slot, &outcome));
             if outcome.error.is_some() {
@@ -203,11 +220,11 @@ impl Run {
     }
 
     /// Sends one request, abandoning it if the run is cut meanwhile.
-    async fn send(&self, body: &serde_json::Value) -> Outcome {
+    async fn send(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Outcome {
         let mut phase = self.phase.subscribe();
         let sent = std::time::Instant::now();
         tokio::select! {
-            outcome = self.client.send(body) => outcome,
+            outcome = self.transport.send(conversation, max_tokens, seed) => outcome,
             cut = phase.wait_for(|p| matches!(p, Phase::Cut(_))) => {
                 let reason = match cut.as_deref() {
                     Ok(Phase::Cut(reason)) => reason,

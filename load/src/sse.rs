@@ -148,6 +148,19 @@ pub struct StreamTally {
 }
 
 impl StreamTally {
+    /// The account of a response assembled elsewhere (the standard-serving
+    /// dispatcher builds one from many one-token calls).
+    pub fn assembled(first_token: Option<Duration>, text: String, usage: Usage, finish_reason: &str) -> StreamTally {
+        StreamTally {
+            first_token,
+            text,
+            usage: Some(usage),
+            finish_reason: Some(finish_reason.to_string()),
+            done: true,
+            ..StreamTally::default()
+        }
+    }
+
     pub fn on_data(&mut self, at: Duration, data: &str) {
         let chunk = match Chunk::parse(data) {
             Ok(chunk) => chunk,

@@ -59,6 +59,9 @@ pub struct OpenAiRequest {
     pub skip_special_tokens: Option<bool>,
     pub add_generation_prompt: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// vLLM extension: each choice also carries the output's `token_ids`, so a
+    /// client can continue from exact ids (an external dispatcher does).
+    pub return_token_ids: Option<bool>,
     pub routing: Option<RoutingRequest>,
 }
 
@@ -102,6 +105,8 @@ pub struct Plan {
     pub trace: bool,
     /// Report logprobs with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Report the output's token ids (`return_token_ids`).
+    pub token_ids: bool,
     /// The model name echoed in the response.
     pub model: String,
     /// The text the prompt was tokenized from (rendered chat or completion prompt).
@@ -149,6 +154,7 @@ impl OpenAiRequest {
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
             trace: self.routing.is_some_and(|r| r.trace),
             logprobs,
+            token_ids: self.return_token_ids.unwrap_or(false),
             model,
             prompt_text,
         })

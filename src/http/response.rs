@@ -20,6 +20,7 @@ pub struct Shape {
     pub model: String,
     pub trace: bool,
     pub logprobs: bool,
+    pub token_ids: bool,
     pub include_usage: bool,
     pub engine: Arc<dyn Generator>,
     model_names: Vec<String>,
@@ -38,6 +39,7 @@ impl Shape {
             model: plan.model.clone(),
             trace: plan.trace,
             logprobs: plan.logprobs.is_some(),
+            token_ids: plan.token_ids,
             include_usage: plan.include_usage,
             model_names: engine.model_names(),
             engine,
@@ -204,6 +206,9 @@ impl StreamEncoder {
         choice.insert(key.into(), delta);
         choice.insert("logprobs".into(), logprobs);
         choice.insert("finish_reason".into(), json!(finish));
+        if self.shape.token_ids {
+            choice.insert("token_ids".into(), tokens.iter().map(|t| t.token).collect());
+        }
         let choice = Value::Object(choice);
         let mut m = self.shape.envelope(true, vec![choice]);
         if self.shape.trace {
@@ -240,6 +245,9 @@ impl Collected {
         };
         choice["logprobs"] = s.logprobs_value(&self.tokens);
         choice["finish_reason"] = json!(finish_reason(reason));
+        if s.token_ids {
+            choice["token_ids"] = self.tokens.iter().map(|t| t.token).collect();
+        }
         if s.trace {
             choice["routing_trace"] = self.tokens.iter().map(|t| json!(s.model_name(t.model))).collect();
         }

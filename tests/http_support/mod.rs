@@ -64,26 +64,39 @@ impl TestServer {
         keys: Vec<String>,
         signal: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Option<TestServer> {
+        Self::start_models(&["small", "large"], 11, ("random", json!({ "p": 0.5 })), limits, keys, signal).await
+    }
+
+    /// A server over tiny random models named `names` (seeds `first_seed`, +1, ...),
+    /// routed by `policy` (name, params); None when the tokenizer is not available.
+    pub async fn start_models(
+        names: &[&str],
+        first_seed: u64,
+        policy: (&str, Value),
+        limits: Limits,
+        keys: Vec<String>,
+        signal: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<TestServer> {
         let tokenizer = qwen3_tokenizer()?;
         let mut config = preset("tiny").unwrap();
         config.max_position_embeddings = CONTEXT;
         let mut models = Vec::new();
         let mut specs = Vec::new();
-        for (i, name) in ["small", "large"].into_iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
             let dir = TempDir::new().unwrap();
-            write_random_model(&config, &InitOptions { seed: 11 + i as u64, std: 0.1 }, dir.path()).unwrap();
+            write_random_model(&config, &InitOptions { seed: first_seed + i as u64, std: 0.1 }, dir.path()).unwrap();
             copy_tokenizer(&tokenizer, dir.path()).unwrap();
             let load = LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() };
-            specs.push(ModelSpec { name: name.into(), path: dir.path().to_path_buf(), load, threads: None });
+            specs.push(ModelSpec { name: name.to_string(), path: dir.path().to_path_buf(), load, threads: None });
             models.push(dir);
         }
         let infos: Vec<ModelInfo> =
             specs.iter().map(|s| ModelInfo { name: s.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
-        let default_policy = policy::build("random", &json!({ "p": 0.5 }), &infos, &PolicyContext::default()).unwrap();
+        let default_policy = policy::build(policy.0, &policy.1, &infos, &PolicyContext::default()).unwrap();
         let engine = Engine::start(EngineConfig {
             models: specs,
             default_policy: default_policy.clone(),
-            batching: BatchingRule::eager(2),
+            batching: BatchingRule::eager(names.len()),
             limits: StepLimits::default(),
             exclusive_compute: false,
             replan: None,
@@ -121,7 +134,7 @@ impl TestServer {
         loop {
             let stats = self.engine.stats().await;
             let free = stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks);
-            if free && self.engine.active_requests() == 0 && stats.len() == 2 {
+            if free && self.engine.active_requests() == 0 && stats.len() == self.engine.model_names().len() {
                 return;
             }
             assert!(

@@ -111,8 +111,14 @@ impl RequestSpec {
     /// The seed of the request's policy draws: fixed by its sampling seed, so a seeded
     /// request routes the same way every time.
     pub fn policy_seed(&self) -> u64 {
-        self.sampling.seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0x5851_F42D_4C95_7F2D
+        policy_seed(self.sampling.seed)
     }
+}
+
+/// The policy seed of a request with this sampling seed; external dispatchers use it
+/// to route a request exactly as the engine would.
+pub fn policy_seed(sampling_seed: u64) -> u64 {
+    sampling_seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0x5851_F42D_4C95_7F2D
 }
 
 /// A new request's entry model (the policy's choice) and its first arrival there.
