@@ -7,11 +7,14 @@
 //! - [`ChatTemplate`]: renders the folder's Jinja chat template exactly as HF transformers does.
 //! - [`StreamDecoder`]: token ids in, text deltas out, never half a character.
 //! - [`StopMatcher`]: stop strings matched across chunk boundaries of the streamed text.
+//! - [`incremental`]: exact incremental tokenization of sessions (splicing at safe cuts), with
+//!   the shadow verifier's checks.
 
 mod chat;
 mod config;
 mod detokenize;
 mod error;
+pub mod incremental;
 mod pyjson;
 mod stop;
 mod strftime;
