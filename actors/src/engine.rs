@@ -25,6 +25,7 @@ use crate::replan::{ReplanActor, ReplanArgs, ReplanMsg};
 use crate::request::{RequestActor, RequestArgs, RequestMsg, TextStream};
 use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
 use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
+use tokenrouter_core::tokenize::incremental::SessionConfig;
 use tokenrouter_core::tokenize::{
     shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError,
 };
@@ -337,18 +338,47 @@ impl Engine {
 
     /// Encodes text through the tokenizer actor.
     pub async fn encode(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
+        self.encode_in_session(text, add_special_tokens, None).await
+    }
+
+    /// Encodes text continuing a session (by id, or by common prefix when `None`): only the
+    /// text's end is re-tokenized, with ids identical to full tokenization.
+    pub async fn encode_in_session(
+        &self,
+        text: String,
+        add_special_tokens: bool,
+        session: Option<String>,
+    ) -> Result<Vec<u32>, EngineError> {
         let actor = self.tokenizer_actor()?;
-        ractor::call!(actor, |reply| TokenizerMsg::Encode { text, add_special_tokens, reply })
+        ractor::call!(actor, |reply| TokenizerMsg::Encode { text, add_special_tokens, session, reply })
             .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
             .map_err(tokenize_error)
     }
 
     /// Renders a conversation with the chat template and encodes it.
     pub async fn chat(&self, messages: Vec<ChatMessage>, options: RenderOptions) -> Result<RenderedChat, EngineError> {
+        self.chat_in_session(messages, options, None).await
+    }
+
+    /// [`chat`](Self::chat), continuing a session (see [`encode_in_session`](Self::encode_in_session)).
+    pub async fn chat_in_session(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+        session: Option<String>,
+    ) -> Result<RenderedChat, EngineError> {
         let actor = self.tokenizer_actor()?;
-        ractor::call!(actor, |reply| TokenizerMsg::Chat { messages, options, reply })
+        ractor::call!(actor, |reply| TokenizerMsg::Chat { messages, options, session, reply })
             .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
             .map_err(tokenize_error)
+    }
+
+    /// Replaces the tokenizer's session settings (stored sessions are dropped).
+    pub fn configure_sessions(&self, config: SessionConfig) -> Result<(), EngineError> {
+        let actor = self.tokenizer_actor()?;
+        actor
+            .send_message(TokenizerMsg::ConfigureSessions(config))
+            .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))
     }
 
     fn tokenizer_actor(&self) -> Result<&ActorRef<TokenizerMsg>, EngineError> {

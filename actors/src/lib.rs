@@ -12,6 +12,7 @@ pub mod kv_manager;
 mod registry;
 mod replan;
 pub mod request;
+mod shadow_verifier;
 pub mod subserver;
 pub mod tokenizer;
 

@@ -55,6 +55,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     spinner.enable_steady_tick(Duration::from_millis(120));
     let (generator, engines) = start_generator(&config, &prepared).await?;
     let engine = &engines[0];
+    if engine.tokenizer().is_some() {
+        engine.configure_sessions(config.tokenization.session_config())?;
+    }
     spinner.finish_and_clear();
     print_models(&engine).await;
 

@@ -25,6 +25,7 @@ pub fn demo_config() -> ServerConfig {
         scheduler: SchedulerSection::default(),
         server: ServerSection::default(),
         pools: None,
+        tokenization: Default::default(),
         base_dir: PathBuf::from("."),
     }
 }

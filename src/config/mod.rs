@@ -14,6 +14,7 @@ mod error;
 mod pools;
 mod prepare;
 mod schema;
+mod tokenization;
 mod tokenizer;
 mod validate;
 mod write;
@@ -32,6 +33,7 @@ pub use error::{ConfigError, Problem};
 pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
 pub use schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec};
+pub use tokenization::TokenizationSection;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
 pub use write::write_threshold_table;
 
@@ -50,6 +52,8 @@ pub struct ServerConfig {
     /// Dual-pool routing over pools of engines (absent: one engine).
     #[serde(default)]
     pub pools: Option<PoolsSection>,
+    #[serde(default)]
+    pub tokenization: TokenizationSection,
     /// Relative paths (model folders, router weights) resolve against this folder: the
     /// config file's. Not a YAML key.
     #[serde(skip)]

@@ -25,6 +25,7 @@ impl ServerConfig {
         self.check_scheduler(&mut problems);
         self.check_server(&mut problems);
         self.check_pools(&mut problems);
+        self.tokenization.check(&mut problems);
         problems.finish()
     }
 

@@ -53,6 +53,22 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The `X-Session-Id` header: the tokenization session a request continues (the body's
+/// `session_id` takes precedence).
+pub struct SessionHeader(pub Option<String>);
+
+pub const SESSION_HEADER: &str = "x-session-id";
+
+impl FromRequest for SessionHeader {
+    type Error = ApiError;
+    type Future = Ready<Result<SessionHeader, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let value = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok());
+        ready(Ok(SessionHeader(value.map(str::to_owned))))
+    }
+}
+
 /// A JSON body, read up to `Limits::max_body_bytes` (413 above) whatever its
 /// Content-Type (curl's `-d` sends form-urlencoded), parsed with the path of a bad
 /// field kept for `param`. Unknown fields are ignored, as OpenAI does.
@@ -136,6 +152,14 @@ mod tests {
         let e = parse_json::<Body>(br#"[1, 2]"#).unwrap_err();
         assert_eq!(e.status().as_u16(), 400);
         assert!(parse_json::<Body>(br#"{"temperature": 1.0, "unknown": [1]}"#).is_ok());
+    }
+
+    #[actix_web::test]
+    async fn the_session_header_is_read_when_present() {
+        let with = actix_web::test::TestRequest::default().insert_header(("X-Session-Id", "agent-7")).to_http_request();
+        assert_eq!(SessionHeader::extract(&with).await.unwrap().0.as_deref(), Some("agent-7"));
+        let without = actix_web::test::TestRequest::default().to_http_request();
+        assert_eq!(SessionHeader::extract(&without).await.unwrap().0, None);
     }
 
     #[test]

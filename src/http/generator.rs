@@ -55,6 +55,28 @@ pub trait Generator: Send + Sync + 'static {
 
     fn encode(&self, text: String, add_special_tokens: bool) -> BoxFuture<'_, Result<Vec<u32>, EngineError>>;
 
+    /// [`chat`](Self::chat) continuing a tokenization session (by id; `None`: by common
+    /// prefix), so that only the end of a resent transcript is re-tokenized. Generators
+    /// without sessions tokenize in full.
+    fn chat_in_session(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+        _session: Option<String>,
+    ) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
+        self.chat(messages, options)
+    }
+
+    /// [`encode`](Self::encode) continuing a tokenization session.
+    fn encode_in_session(
+        &self,
+        text: String,
+        add_special_tokens: bool,
+        _session: Option<String>,
+    ) -> BoxFuture<'_, Result<Vec<u32>, EngineError>> {
+        self.encode(text, add_special_tokens)
+    }
+
     /// One token as text, for logprobs (`<id>` when there is no tokenizer).
     fn token_text(&self, id: u32) -> String;
 
@@ -91,6 +113,24 @@ impl Generator for Engine {
 
     fn encode(&self, text: String, add_special_tokens: bool) -> BoxFuture<'_, Result<Vec<u32>, EngineError>> {
         Engine::encode(self, text, add_special_tokens).boxed()
+    }
+
+    fn chat_in_session(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+        session: Option<String>,
+    ) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
+        Engine::chat_in_session(self, messages, options, session).boxed()
+    }
+
+    fn encode_in_session(
+        &self,
+        text: String,
+        add_special_tokens: bool,
+        session: Option<String>,
+    ) -> BoxFuture<'_, Result<Vec<u32>, EngineError>> {
+        Engine::encode_in_session(self, text, add_special_tokens, session).boxed()
     }
 
     fn token_text(&self, id: u32) -> String {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokenrouter_actors::GenerationEvent;
 
 use super::error::ApiError;
-use super::extract::{ApiJson, Authorized};
+use super::extract::{ApiJson, Authorized, SessionHeader};
 use super::generator::EventStream;
 use super::request::{Endpoint, OpenAiRequest};
 use super::response::{Collected, Shape, StreamEncoder, TokenInfo};
@@ -18,17 +18,24 @@ use super::state::{unix_now, AppState};
 pub async fn chat_completions(
     state: web::Data<AppState>,
     _: Authorized,
+    session: SessionHeader,
     body: ApiJson<OpenAiRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    serve(&state, body.0, Endpoint::Chat).await
+    serve(&state, with_session(body.0, session), Endpoint::Chat).await
 }
 
 pub async fn completions(
     state: web::Data<AppState>,
     _: Authorized,
+    session: SessionHeader,
     body: ApiJson<OpenAiRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    serve(&state, body.0, Endpoint::Completions).await
+    serve(&state, with_session(body.0, session), Endpoint::Completions).await
+}
+
+fn with_session(mut body: OpenAiRequest, header: SessionHeader) -> OpenAiRequest {
+    body.session_id = body.session_id.or(header.0);
+    body
 }
 
 async fn serve(state: &AppState, body: OpenAiRequest, endpoint: Endpoint) -> Result<HttpResponse, ApiError> {

@@ -62,6 +62,9 @@ pub struct OpenAiRequest {
     /// vLLM extension: each choice also carries the output's `token_ids`, so a
     /// client can continue from exact ids (an external dispatcher does).
     pub return_token_ids: Option<bool>,
+    /// The tokenization session this prompt continues (also the `X-Session-Id`
+    /// header): only the end of a resent transcript is re-tokenized.
+    pub session_id: Option<String>,
     pub routing: Option<RoutingRequest>,
 }
 
@@ -215,6 +218,7 @@ impl OpenAiRequest {
         state: &AppState,
         endpoint: Endpoint,
     ) -> Result<(Vec<u32>, Option<String>, &'static str), ApiError> {
+        let session = self.session_id.clone();
         let (ids, text) = match endpoint {
             Endpoint::Chat => {
                 let Some(messages) = self.messages.clone() else {
@@ -227,17 +231,19 @@ impl OpenAiRequest {
                     add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
                     extra: self.chat_template_kwargs.clone().unwrap_or_default(),
                 };
-                let rendered = state.engine.chat(messages, options).await?;
+                let rendered = state.engine.chat_in_session(messages, options, session).await?;
                 return Ok((rendered.ids, Some(rendered.text), "messages"));
             }
             Endpoint::Completions => match self.prompt.clone() {
                 None => return Err(ApiError::bad_request("`prompt` is required", Some("prompt"))),
                 Some(Prompt::Tokens(ids)) => (ids, None),
                 Some(Prompt::TokenLists(mut lists)) if lists.len() == 1 => (lists.remove(0), None),
-                Some(Prompt::Text(text)) => (state.engine.encode(text.clone(), true).await?, Some(text)),
+                Some(Prompt::Text(text)) => {
+                    (state.engine.encode_in_session(text.clone(), true, session).await?, Some(text))
+                }
                 Some(Prompt::Texts(mut texts)) if texts.len() == 1 => {
                     let text = texts.remove(0);
-                    (state.engine.encode(text.clone(), true).await?, Some(text))
+                    (state.engine.encode_in_session(text.clone(), true, session).await?, Some(text))
                 }
                 Some(_) => {
                     return Err(ApiError::bad_request("only one prompt per request is supported", Some("prompt")))
