@@ -144,6 +144,24 @@ impl Generator for PoolDispatcher {
         self.tokenizer.encode(text, add_special_tokens)
     }
 
+    fn chat_in_session(
+        &self,
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+        session: Option<String>,
+    ) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
+        self.tokenizer.chat_in_session(messages, options, session)
+    }
+
+    fn encode_in_session(
+        &self,
+        text: String,
+        add_special_tokens: bool,
+        session: Option<String>,
+    ) -> BoxFuture<'_, Result<Vec<u32>, EngineError>> {
+        self.tokenizer.encode_in_session(text, add_special_tokens, session)
+    }
+
     fn token_text(&self, id: u32) -> String {
         self.tokenizer.token_text(id)
     }
