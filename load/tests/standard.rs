@@ -24,6 +24,18 @@ async fn single_model_server(name: &str, seed: u64) -> Option<TestServer> {
     TestServer::start_models(&[name], seed, ("always", json!({})), test_limits(), vec![], pending()).await
 }
 
+/// The small and the large model's servers (None without the tokenizer).
+async fn server_pair() -> Option<(TestServer, TestServer)> {
+    Some((single_model_server("small", 11).await?, single_model_server("large", 12).await?))
+}
+
+async fn stop_pair((small, large): (TestServer, TestServer)) {
+    small.wait_all_kv_free().await;
+    large.wait_all_kv_free().await;
+    small.stop().await;
+    large.stop().await;
+}
+
 async fn dispatcher(small: &TestServer, large: &TestServer, policy: &str, params: serde_json::Value) -> Dispatcher {
     let config = DispatchConfig {
         servers: vec![
@@ -69,10 +81,8 @@ fn engine_random_choices(p: f64, seed: u64, output: &[u32]) -> Vec<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_loop_through_standard_serving_completes_every_request() {
-    let (Some(small), Some(large)) = (single_model_server("small", 11).await, single_model_server("large", 12).await)
-    else {
-        return;
-    };
+    let Some(pair) = server_pair().await else { return };
+    let (small, large) = (&pair.0, &pair.1);
     let tokenizer = qwen3_tokenizer().unwrap();
     let servers = format!("small={},large={}", small.url, large.url);
     let argv = [
@@ -115,19 +125,14 @@ async fn a_closed_loop_through_standard_serving_completes_every_request() {
     assert_eq!(s.tokens_per_model.values().sum::<u64>(), 72);
     assert!(s.tokens_per_model["large"] > 0 && s.tokens_per_model["small"] > s.tokens_per_model["large"], "{s:?}");
     assert!(report.run.target.starts_with("standard serving (tokenrouter, policy random"), "{}", report.run.target);
-    small.wait_all_kv_free().await;
-    large.wait_all_kv_free().await;
-    small.stop().await;
-    large.stop().await;
+    stop_pair(pair).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_token_comes_from_the_server_the_engine_policy_chose() {
-    let (Some(small), Some(large)) = (single_model_server("small", 11).await, single_model_server("large", 12).await)
-    else {
-        return;
-    };
-    let d = dispatcher(&small, &large, "random", json!({ "p": 0.3 })).await;
+    let Some(pair) = server_pair().await else { return };
+    let (small, large) = (&pair.0, &pair.1);
+    let d = dispatcher(small, large, "random", json!({ "p": 0.3 })).await;
     let prompt: Vec<u32> = (1000..1030).collect();
     for seed in [1, 2, 3] {
         let done = d.generate(&prompt, 24, seed, Instant::now()).await.unwrap();
@@ -141,22 +146,18 @@ async fn every_token_comes_from_the_server_the_engine_policy_chose() {
         let delegated = done.chosen.iter().filter(|&&m| m == 1).count() as u64;
         assert_eq!(done.calls, vec![24, delegated], "seed {seed}");
     }
-    small.stop().await;
-    large.stop().await;
+    stop_pair(pair).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rstitch_reads_the_entropy_of_random_models_as_high_and_stays_large() {
-    let (Some(small), Some(large)) = (single_model_server("small", 11).await, single_model_server("large", 12).await)
-    else {
-        return;
-    };
-    let d = dispatcher(&small, &large, "rstitch", json!({ "tau": 0.03 })).await;
+    let Some(pair) = server_pair().await else { return };
+    let (small, large) = (&pair.0, &pair.1);
+    let d = dispatcher(small, large, "rstitch", json!({ "tau": 0.03 })).await;
     let done = d.generate(&(500..520).collect::<Vec<u32>>(), 10, 7, Instant::now()).await.unwrap();
     // Random weights give near-uniform next-token distributions (entropy ≈ 1 > τ): the
     // small model's first token is discarded, and the large model never hands back.
     assert_eq!(done.chosen, vec![1; 10]);
     assert_eq!(done.calls, vec![1, 10]);
-    small.stop().await;
-    large.stop().await;
+    stop_pair(pair).await;
 }

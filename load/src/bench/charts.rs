@@ -11,7 +11,7 @@ use plotters::style::FontStyle;
 
 use super::{Matrix, SeriesKey};
 
-const SIZE: (u32, u32) = (1100, 650);
+const SIZE: (u32, u32) = (960, 560);
 
 type Drawn = Result<(), Box<dyn std::error::Error>>;
 
@@ -80,7 +80,7 @@ fn draw_throughput(matrix: &Matrix, path: &Path) -> Drawn {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
         chart.draw_series(points.iter().map(|&xy| Circle::new(xy, 4, color.filled())))?;
     }
-    legend(&mut chart)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present()?;
     Ok(())
 }
@@ -89,7 +89,7 @@ fn draw_throughput(matrix: &Matrix, path: &Path) -> Drawn {
 fn draw_cdfs(matrix: &Matrix, path: &Path) -> Drawn {
     let levels = matrix.concurrencies();
     let series = matrix.series();
-    let root = BitMapBackend::new(path, (SIZE.0, 420 * levels.len() as u32)).into_drawing_area();
+    let root = BitMapBackend::new(path, (SIZE.0, 340 * levels.len() as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     for (panel, &c) in root.split_evenly((levels.len(), 1)).iter().zip(&levels) {
         let curves: Vec<(usize, Vec<f64>)> = series
@@ -122,7 +122,7 @@ fn draw_cdfs(matrix: &Matrix, path: &Path) -> Drawn {
                 .label(label(&series[i]))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(2)));
         }
-        legend(&mut chart)?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     }
     root.present()?;
     Ok(())
@@ -130,10 +130,10 @@ fn draw_cdfs(matrix: &Matrix, path: &Path) -> Drawn {
 
 type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
-fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Drawn {
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, position: SeriesLabelPosition) -> Drawn {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))

@@ -19,6 +19,8 @@ pub struct Context<'a> {
     pub preamble: &'a str,
     /// Every command run, one per line.
     pub commands: &'a str,
+    /// Observations written after the run (`notes.md`), shown after the ratios.
+    pub notes: &'a str,
     /// PNG file names (relative to the report) with their captions.
     pub charts: &'a [(String, String)],
 }
@@ -28,6 +30,9 @@ pub fn render(matrix: &Matrix, context: &Context<'_>) -> String {
     let _ = writeln!(out, "# {}\n\n{}\n", context.title, context.preamble.trim_end());
     out.push_str(&throughput_table(matrix));
     out.push_str(&ratio_table(matrix));
+    if !context.notes.trim().is_empty() {
+        let _ = writeln!(out, "## Notes\n\n{}\n", context.notes.trim_end());
+    }
     out.push_str(&details(matrix));
     out.push_str("## Charts\n\n");
     for (file, caption) in context.charts {
@@ -219,7 +224,7 @@ mod tests {
         ]);
         let m = Matrix::load(dir.path()).unwrap();
         let charts = [("throughput.png".to_string(), "throughput".to_string())];
-        let ctx = Context { title: "Bench", preamble: "Machine: x", commands: "a\nb", charts: &charts };
+        let ctx = Context { title: "Bench", preamble: "Machine: x", commands: "a\nb", notes: "", charts: &charts };
         let md = render(&m, &ctx);
         assert!(md.starts_with("# Bench\n\nMachine: x"), "{md}");
         assert!(md.contains("| engine, random p=0.1 | 10.0 | 30.0 |"), "{md}");

@@ -1,6 +1,6 @@
 //! `tokenrouter-bench-report --dir load/reports/DATE`: turns the runs that
 //! `load/run-bench` recorded there (`matrix.tsv`, `runs/*.json`, `context.md`,
-//! `commands.txt`) into `report.md`, `throughput.png` and `latency_cdf.png`.
+//! `commands.txt`, and `notes.md` if someone wrote observations) into `report.md`, `throughput.png` and `latency_cdf.png`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,12 +36,18 @@ fn write_report(args: &Args) -> anyhow::Result<PathBuf> {
     charts::write_throughput(&matrix, &args.dir.join("throughput.png"))?;
     charts::write_latency_cdfs(&matrix, &args.dir.join("latency_cdf.png"))?;
     let read = |name: &str| std::fs::read_to_string(args.dir.join(name)).unwrap_or_default();
-    let (preamble, commands) = (read("context.md"), read("commands.txt"));
+    let (preamble, commands, notes) = (read("context.md"), read("commands.txt"), read("notes.md"));
     let charts = [
         ("throughput.png".to_string(), "Throughput vs concurrency".to_string()),
         ("latency_cdf.png".to_string(), "Latency CDFs by concurrency".to_string()),
     ];
-    let context = markdown::Context { title: &args.title, preamble: &preamble, commands: &commands, charts: &charts };
+    let context = markdown::Context {
+        title: &args.title,
+        preamble: &preamble,
+        commands: &commands,
+        notes: &notes,
+        charts: &charts,
+    };
     let path = args.dir.join("report.md");
     std::fs::write(&path, markdown::render(&matrix, &context))?;
     Ok(path)
