@@ -10,6 +10,20 @@ use tokenrouter_core::model::{Arch, ModelConfig};
 pub enum ModelCommand {
     /// Write a random-weight model in the Hugging Face layout.
     Init(InitArgs),
+    /// Write a Hugging Face folder as one GGUF file for llama.cpp (f32, f16, q8_0, q4_k).
+    Gguf(GgufArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GgufArgs {
+    /// The Hugging Face folder (config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    model: std::path::PathBuf,
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Type of the weight matrices: f32, f16, q8_0 or q4_k (norms stay f32).
+    #[arg(long = "type", default_value = "f16")]
+    ty: tokenrouter_core::model::gguf::GgufType,
 }
 
 #[derive(Args, Debug)]
@@ -49,6 +63,11 @@ pub struct InitArgs {
 pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
     match cmd {
         ModelCommand::Init(args) => init(args),
+        ModelCommand::Gguf(args) => {
+            tokenrouter_core::model::gguf::write_gguf(&args.model, &args.out, args.ty)?;
+            println!("wrote {}", args.out.display());
+            Ok(())
+        }
     }
 }
 

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod init;
 pub mod kv;
 pub mod linear;

@@ -26,6 +26,14 @@ impl Checkpoint {
         Ok(Checkpoint { tensors, dtype })
     }
 
+    /// Every tensor's name and shape, sorted by name.
+    pub fn shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let mut all: Vec<(String, Vec<usize>)> =
+            self.tensors.tensors().into_iter().map(|(name, view)| (name, view.shape().to_vec())).collect();
+        all.sort();
+        all
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.get(name).is_ok()
     }
