@@ -102,7 +102,7 @@ fn simulate(input: &PlannerInput, n: usize, thresholds: &[usize], steps: usize, 
     let mut running: Vec<Option<(usize, f64)>> = vec![None; m]; // (rows, end time)
     queued[input.entry_model] = n;
     let (mut now, mut tokens, mut done) = (0.0, 0.0, 0);
-    let mut launch = |queued: &mut Vec<usize>, running: &mut Vec<Option<(usize, f64)>>, now: f64| {
+    let launch = |queued: &mut Vec<usize>, running: &mut Vec<Option<(usize, f64)>>, now: f64| {
         for i in 0..m {
             if running[i].is_none() && queued[i] > 0 && queued[i] >= thresholds[i] {
                 let rows = queued[i].min(input.max_batch);
