@@ -46,8 +46,12 @@ pub fn parse_azure_csv(text: &str) -> Result<Vec<Arrival>, TraceError> {
         let bad = |message: String| TraceError::BadLine { line: i + 1, message };
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         let field = |c: usize| fields.get(c).copied().ok_or_else(|| bad("too few columns".into()));
-        let count = |c: usize| field(c)?.parse::<u32>().map_err(|e| bad(format!("a token count: {e}")));
-        let at_s = timestamp_seconds(field(time)?).ok_or_else(|| bad(format!("`{}` is no timestamp", fields[time])))?;
+        let count = |c: usize| {
+            let f = field(c)?;
+            f.parse::<u32>().map_err(|_| bad(format!("`{f}` is not a token count")))
+        };
+        let at_s = timestamp_seconds(field(time)?)
+            .ok_or_else(|| bad(format!("`{}` is not a timestamp like 2023-11-16 18:17:03.97", fields[time])))?;
         rows.push(Arrival { at_s, prompt_tokens: count(context)?, output_tokens: count(generated)? });
     }
     if rows.is_empty() {
@@ -66,6 +70,9 @@ fn timestamp_seconds(s: &str) -> Option<f64> {
     let ymd: Vec<i64> = date.split('-').map(str::parse).collect::<Result<_, _>>().ok()?;
     let hms: Vec<f64> = time.split(':').map(str::parse).collect::<Result<_, _>>().ok()?;
     let (&[y, m, d], &[h, min, sec]) = (&ymd[..], &hms[..]) else { return None };
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
     // Days since 1970-01-01 of a Gregorian date (Howard Hinnant's days_from_civil).
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
