@@ -33,36 +33,20 @@ pub fn parse_trace(text: &str) -> anyhow::Result<Vec<TraceRow>> {
 mod tests {
     use super::*;
 
+    /// The parsing itself is core::pool::trace's (tested there); here, that its rows
+    /// keep their sizes and times under this crate's names.
     #[test]
-    fn rows_parse_with_times_relative_to_the_first() {
+    fn rows_keep_sizes_and_times_relative_to_the_first() {
         let rows = parse_trace(
-            "TIMESTAMP,ContextTokens,GeneratedTokens\n\
-             2023-11-16 18:17:04.0319600,3180,8\n\
-             2023-11-16 18:17:03.9799600,4808,10\n\
-             2023-11-17 00:00:00.5,110,27\n",
+            "GeneratedTokens,TIMESTAMP,ContextTokens\n8,2023-11-16 18:17:04.5,3180\n10,2023-11-16 18:17:04.0,4808\n",
         )
         .unwrap();
-        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].context_tokens, rows[0].generated_tokens, rows[0].at_s), (4808, 10, 0.0));
-        assert!((rows[1].at_s - 0.052).abs() < 1e-6, "{rows:?}");
-        let to_midnight = 6.0 * 3600.0 - (17.0 * 60.0 + 3.97996) + 0.5;
-        assert!((rows[2].at_s - to_midnight).abs() < 1e-6, "crossing midnight: {rows:?}");
-    }
-
-    #[test]
-    fn column_order_is_free_and_errors_say_where() {
-        let rows = parse_trace("GeneratedTokens,TIMESTAMP,ContextTokens\n5,2023-01-01 00:00:00,7\n").unwrap();
-        assert_eq!((rows[0].context_tokens, rows[0].generated_tokens), (7, 5));
+        assert_eq!((rows[1].context_tokens, rows[1].generated_tokens), (3180, 8));
+        assert!((rows[1].at_s - 0.5).abs() < 1e-9, "{rows:?}");
         let e = format!("{:#}", parse_trace("a,b\n1,2\n").unwrap_err());
         assert!(e.contains("no `TIMESTAMP` column"), "{e}");
-        let e = format!("{:#}", parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,2\n").unwrap_err());
-        assert!(e.contains("line 2") && e.contains("not a timestamp"), "{e}");
-        let e = format!(
-            "{:#}",
-            parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 0:0:0,-1,2\n").unwrap_err()
-        );
-        assert!(e.contains("not a token count"), "{e}");
-        assert!(parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\n").is_err());
     }
 
     #[test]

@@ -173,6 +173,19 @@ mod tests {
     }
 
     #[test]
+    fn column_order_is_free_and_errors_say_where() {
+        let rows = parse_azure_csv("GeneratedTokens,TIMESTAMP,ContextTokens\n5,2023-01-01 00:00:00,7\n").unwrap();
+        assert_eq!((rows[0].prompt_tokens, rows[0].output_tokens), (7, 5));
+        let e = parse_azure_csv("a,b\n1,2\n").unwrap_err().to_string();
+        assert!(e.contains("no `TIMESTAMP` column"), "{e}");
+        let e = parse_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,2\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("not a timestamp"), "{e}");
+        let e = parse_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-01-01 0:0:0,-1,2\n").unwrap_err();
+        assert!(e.to_string().contains("not a token count"), "{e}");
+        assert!(parse_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n").is_err());
+    }
+
+    #[test]
     fn the_fixture_sample_parses() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../load/fixtures/azure_conv_sample.csv");
         let rows = parse_azure_csv(&std::fs::read_to_string(path).unwrap()).unwrap();
