@@ -100,23 +100,25 @@ fn planner_input(args: &PlanArgs) -> anyhow::Result<(PlannerInput, Option<Vec<St
         (None, Some(path)) => Some(super::plan_remote::input_from_sweep(path, args.max_batch)?),
         (None, None) => None,
     };
-    let observed = measured.is_some();
+    let latencies = given_latencies(args)?;
     let (mut input, names) = match measured {
-        Some((input, names)) => (input, Some(names)),
-        None => (PlannerInput::delegation(LatencyTable::constant(1.0), LatencyTable::constant(1.0), 0.0), None),
+        Some((measured, names)) => (measured, Some(names)),
+        None => {
+            let Some(latencies) = &latencies else {
+                bail!("give step latencies: --latency-ms, --latency-table, --profile, --from-metrics or --from-sweep");
+            };
+            (routing_input(args, latencies.len())?, None)
+        }
     };
-    if let Some(latencies) = given_latencies(args)? {
-        if !observed {
-            input = routing_input(args, latencies.len())?;
-        } else if latencies.len() != input.models() {
-            bail!("{} latencies given for the measured {} models", latencies.len(), input.models());
+    // Routing given on the command line wins over the measured one.
+    if names.is_some() && (args.route.is_some() || args.route_matrix.is_some()) {
+        input = PlannerInput { latencies: input.latencies.clone(), ..routing_input(args, input.models())? };
+    }
+    if let Some(latencies) = latencies {
+        if latencies.len() != input.models() {
+            bail!("{} latencies given for {} models", latencies.len(), input.models());
         }
         input.latencies = latencies;
-    } else if !observed {
-        bail!("give step latencies: --latency-ms, --latency-table, --profile, --from-metrics or --from-sweep");
-    } else if args.route.is_some() || args.route_matrix.is_some() {
-        let models = input.models();
-        input = PlannerInput { latencies: input.latencies, ..routing_input(args, models)? };
     }
     input.max_batch = args.max_batch;
     input.delta_ms = args.delta_ms;
