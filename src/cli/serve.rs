@@ -132,20 +132,26 @@ async fn print_models(engine: &Engine) {
     }
 }
 
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
+/// SIGINT or SIGTERM. The handlers are installed here, before the server answers
+/// anything, so a signal sent as soon as it is up is never the default (fatal) one.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (interrupt, terminate) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    async move {
+        let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+            match s {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = wait(interrupt) => {}
+            _ = wait(terminate) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
+        say("shutting down: no new requests; in-flight ones get the grace period");
     }
-    say("shutting down: no new requests; in-flight ones get the grace period");
 }
 
 /// A request's `routing` object, checked against the policies the config allows.
