@@ -21,6 +21,7 @@ use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent};
 use crate::kv_manager::{KvManager, KvManagerArgs, KvMsg, KvUsage};
 use crate::registry::Registry;
+use crate::remote::{self, ClusterConfig, NodeStatus};
 use crate::replan::{ReplanActor, ReplanArgs, ReplanMsg};
 use crate::request::{RequestActor, RequestArgs, RequestMsg, TextStream};
 use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
@@ -48,6 +49,8 @@ pub struct EngineShared {
     closing: AtomicBool,
     tokenizer: Option<TextTokenizer>,
     tokenizer_actor: Option<ActorRef<TokenizerMsg>>,
+    /// The remote subservers' links, for the dashboard.
+    nodes: Vec<Arc<parking_lot::Mutex<NodeStatus>>>,
 }
 
 impl EngineShared {
@@ -144,6 +147,12 @@ pub struct Engine {
 impl Engine {
     /// Loads every model on its own compute thread, then starts the actor tree.
     pub async fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        Self::start_clustered(config, None).await
+    }
+
+    /// [`start`](Self::start), with the models `cluster.remote` names served by nodes on
+    /// other hosts (waiting for each node's subserver, up to `cluster.connect_timeout`).
+    pub async fn start_clustered(config: EngineConfig, cluster: Option<ClusterConfig>) -> Result<Engine, EngineError> {
         if config.models.is_empty() {
             return Err(EngineError::Config("at least one model is needed".into()));
         }
@@ -152,6 +161,10 @@ impl Engine {
         let registry = Registry::default();
         let peers = Arc::new(OnceLock::new());
         let turn = config.exclusive_compute.then(|| Arc::new(parking_lot::Mutex::new(())));
+        let mut front = match cluster {
+            Some(c) => Some(remote::FrontCluster::start(c, &config.models).await?),
+            None => None,
+        };
         let mut started = Vec::new();
         for spec in &config.models {
             let links = ComputeLinks {
@@ -161,7 +174,10 @@ impl Engine {
                 registry: registry.clone(),
                 turn: turn.clone(),
             };
-            started.push(compute::spawn(spec.clone(), links));
+            match front.as_mut().filter(|f| f.remote_for(&spec.name).is_some()) {
+                Some(f) => started.push(remote::spawn_link(f.link_start(started.len(), spec, links)?).await?),
+                None => started.push(compute::spawn(spec.clone(), links)),
+            }
         }
         let mut loaded = Vec::new();
         for (_, ready, _) in &started {
@@ -226,6 +242,7 @@ impl Engine {
             closing: AtomicBool::new(false),
             tokenizer,
             tokenizer_actor,
+            nodes: front.map(|f| f.statuses).unwrap_or_default(),
         });
         supervised.set(Arc::downgrade(&shared)).ok();
         let replanner = match config.replan {
@@ -391,6 +408,11 @@ impl Engine {
     /// Per-model snapshots: queues, thresholds, KV use, step statistics.
     pub async fn stats(&self) -> Vec<SubserverSnapshot> {
         self.shared.snapshots().await
+    }
+
+    /// The remote subservers and the state of their nodes (empty without a cluster).
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        self.shared.nodes.iter().map(|n| n.lock().clone()).collect()
     }
 
     pub async fn kv_usage(&self) -> Option<KvUsage> {

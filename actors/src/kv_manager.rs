@@ -21,6 +21,9 @@ pub enum KvMsg {
     Usage(RpcReplyPort<KvUsage>),
 }
 
+// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
+impl ractor::Message for KvMsg {}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KvUsage {
     pub capacity_tokens: Vec<usize>,

@@ -10,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod kv_manager;
 mod registry;
+pub mod remote;
 mod replan;
 pub mod request;
 mod shadow_verifier;

@@ -11,9 +11,16 @@ use crate::request::RequestMsg;
 #[derive(Clone, Default)]
 pub(crate) struct Registry {
     requests: Arc<RwLock<HashMap<RequestId, ActorRef<RequestMsg>>>>,
+    /// On a cluster node the request actors live on the front: every event goes here.
+    forward: Option<Arc<dyn Fn(RequestEvent) + Send + Sync>>,
 }
 
 impl Registry {
+    /// A registry that hands every event to `forward` (on a node, toward the front).
+    pub fn forwarding(forward: Arc<dyn Fn(RequestEvent) + Send + Sync>) -> Self {
+        Registry { requests: Arc::default(), forward: Some(forward) }
+    }
+
     pub fn insert(&self, id: RequestId, actor: ActorRef<RequestMsg>) {
         self.requests.write().unwrap_or_else(|p| p.into_inner()).insert(id, actor);
     }
@@ -37,6 +44,9 @@ impl Registry {
 
     /// Delivers an event; events of requests that already ended are dropped.
     pub fn send(&self, event: RequestEvent) {
+        if let Some(forward) = &self.forward {
+            return forward(event);
+        }
         let id = event.request_id();
         let actor = self.requests.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
         if let Some(actor) = actor {

@@ -16,6 +16,9 @@ pub enum ReplanMsg {
     SetRule(BatchingRule),
 }
 
+// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
+impl ractor::Message for ReplanMsg {}
+
 pub struct ReplanActor;
 
 pub struct ReplanState {

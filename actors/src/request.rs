@@ -23,6 +23,9 @@ pub enum RequestMsg {
     InjectPanic,
 }
 
+// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
+impl ractor::Message for RequestMsg {}
+
 pub struct RequestActor;
 
 pub struct RequestArgs {

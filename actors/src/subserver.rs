@@ -17,6 +17,9 @@ pub enum SubserverMsg {
     InjectPanic,
 }
 
+// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
+impl ractor::Message for SubserverMsg {}
+
 pub struct SubserverActor;
 
 pub struct SubserverState {

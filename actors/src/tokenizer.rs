@@ -30,6 +30,9 @@ pub enum TokenizerMsg {
     ConfigureSessions(SessionConfig),
 }
 
+// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
+impl ractor::Message for TokenizerMsg {}
+
 #[derive(Debug, Clone)]
 pub struct RenderedChat {
     pub text: String,

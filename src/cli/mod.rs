@@ -2,6 +2,7 @@
 
 mod generate_cmd;
 mod model_cmd;
+mod node_cmd;
 mod plan_cmd;
 mod plan_remote;
 mod pools_cmd;
@@ -37,6 +38,8 @@ pub enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Measure throughput over a grid of batching thresholds and concurrencies, beside the planner's prediction.
     Sweep(sweep_cmd::SweepArgs),
+    /// Serve some models' subservers for a front on another host (cluster node).
+    Node(node_cmd::NodeArgs),
     /// Dual-pool routing: cost model, fleet simulator, estimator accuracy.
     #[command(subcommand)]
     Pools(pools_cmd::PoolsCommand),
@@ -53,5 +56,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Sweep(args) => sweep_cmd::run(args),
         Command::Pools(command) => pools_cmd::run(command),
+        Command::Node(args) => node_cmd::run(args),
     }
 }

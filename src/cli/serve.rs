@@ -91,8 +91,14 @@ async fn start_generator(
     config: &ServerConfig,
     prepared: &config::Prepared,
 ) -> anyhow::Result<(Arc<dyn Generator>, Vec<Engine>)> {
+    let cluster = config.cluster.as_ref().map(|c| c.engine_config(config.policy.seed, &config.base_dir)).transpose();
+    let cluster = cluster.map_err(anyhow::Error::msg)?;
+    if cluster.is_some() && config.pools.is_some() {
+        anyhow::bail!("`cluster` and `pools` cannot be combined yet: give remote models to a single engine");
+    }
     let Some(section) = &config.pools else {
-        let engine = Engine::start(prepared.engine.clone()).await.context("starting the engine")?;
+        let engine =
+            Engine::start_clustered(prepared.engine.clone(), cluster).await.context("starting the engine")?;
         let generator: Arc<dyn Generator> = Arc::new(engine.clone());
         return Ok((generator, vec![engine]));
     };

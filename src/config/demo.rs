@@ -26,6 +26,7 @@ pub fn demo_config() -> ServerConfig {
         server: ServerSection::default(),
         pools: None,
         tokenization: Default::default(),
+        cluster: None,
         base_dir: PathBuf::from("."),
     }
 }

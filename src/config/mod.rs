@@ -13,6 +13,7 @@ mod demo;
 mod error;
 mod pools;
 mod prepare;
+mod remote;
 mod schema;
 mod tokenization;
 mod tokenizer;
@@ -32,6 +33,7 @@ pub use demo::demo_config;
 pub use error::{ConfigError, Problem};
 pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
+pub use remote::{ClusterSection, RemoteEntry, TlsSection, COOKIE_ENV};
 pub use schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec};
 pub use tokenization::TokenizationSection;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
@@ -54,6 +56,9 @@ pub struct ServerConfig {
     pub pools: Option<PoolsSection>,
     #[serde(default)]
     pub tokenization: TokenizationSection,
+    /// Models served by nodes on other hosts (absent: every model runs here).
+    #[serde(default)]
+    pub cluster: Option<ClusterSection>,
     /// Relative paths (model folders, router weights) resolve against this folder: the
     /// config file's. Not a YAML key.
     #[serde(skip)]

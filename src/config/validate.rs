@@ -26,6 +26,11 @@ impl ServerConfig {
         self.check_server(&mut problems);
         self.check_pools(&mut problems);
         self.tokenization.check(&mut problems);
+        if let Some(cluster) = &self.cluster {
+            for (key, message) in cluster.problems(&self.model_names()) {
+                problems.push(key, message);
+            }
+        }
         problems.finish()
     }
 

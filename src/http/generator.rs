@@ -23,6 +23,8 @@ pub struct EngineStats {
     pub models: Vec<SubserverSnapshot>,
     pub kv: Option<KvUsage>,
     pub active_requests: usize,
+    /// Remote subservers and their nodes' state (empty without a cluster).
+    pub nodes: Vec<tokenrouter_actors::remote::NodeStatus>,
 }
 
 pub trait Generator: Send + Sync + 'static {
@@ -143,6 +145,7 @@ impl Generator for Engine {
                 models: Engine::stats(self).await,
                 kv: self.kv_usage().await,
                 active_requests: self.active_requests(),
+                nodes: self.nodes(),
             }
         }
         .boxed()

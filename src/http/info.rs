@@ -54,6 +54,7 @@ pub async fn stats(state: web::Data<AppState>) -> HttpResponse {
         "models": engine.models,
         "kv": engine.kv,
         "active_requests": engine.active_requests,
+        "nodes": engine.nodes,
         "http_in_flight": state.in_flight(),
         "max_queued_requests": state.limits.max_queued_requests,
         "shutting_down": state.is_shutting_down(),

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub mod citer;
 pub mod colm;
 pub mod delegate;
+mod described;
 pub mod ensemble;
 pub mod error;
 pub mod glimprouter;
@@ -27,6 +28,7 @@ pub mod weights;
 pub use citer::{CiterDelegate, CiterRouter};
 pub use colm::ColmDelegate;
 pub use delegate::{BinaryAdapter, DelegatePolicy, ModelPair};
+pub use described::PolicyDescriptor;
 pub use ensemble::Ensemble;
 pub use error::PolicyError;
 pub use glimprouter::GlimpRouter;
@@ -126,6 +128,12 @@ pub trait Policy: Send + Sync {
 
     /// One decision per row, in order. Rows all ran on the same model in one step.
     fn route(&self, rows: &mut [RouteRow<'_>]) -> Vec<Decision>;
+
+    /// The name and parameters that build this policy again (on another host); set by
+    /// [`build`] for every built-in policy, `None` for policies made in code.
+    fn descriptor(&self) -> Option<PolicyDescriptor> {
+        None
+    }
 }
 
 /// A uniform draw in [0, 1) that depends only on (seed, position, salt): the same

@@ -90,7 +90,7 @@ pub fn build(
         _ => return Err(PolicyError::UnknownPolicy { name: name.to_string(), known: quoted(POLICY_NAMES) }),
     };
     p.finish()?;
-    Ok(policy)
+    Ok(super::described::Described::wrap(policy, name, params))
 }
 
 fn build_colm(p: &mut Params<'_>, models: &[ModelInfo]) -> Result<BinaryAdapter<ColmDelegate>, PolicyError> {

@@ -19,7 +19,8 @@ use super::batching::BatchingRule;
 use super::request::{sampling_logits, Arrival, RequestEvent, RequestId, RequestSpec, Travel};
 use super::resident::{Resident, Status};
 
-#[derive(Debug, Clone)]
+/// Serializable: a front sends it to subservers on other hosts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SubserverConfig {
     pub model: ModelIndex,
     pub num_models: usize,

@@ -1,0 +1,118 @@
+use super::*;
+use tokenrouter_core::sched::batching::Threshold;
+
+fn arrival(spec: bool) -> WireArrival {
+    WireArrival {
+        id: 42,
+        spec: spec.then(|| WireSpec {
+            prompt_len: 3,
+            max_tokens: 64,
+            sampling: SamplingParams { temperature: 0.7, top_k: 40, seed: 9, logprobs: Some(2), ..Default::default() },
+            stop_ids: vec![151_643, 151_645],
+            policy: PolicyDescriptor { name: "random".into(), params: serde_json::json!({"p": 0.2}) },
+        }),
+        start: 0,
+        suffix: vec![1, 200, 151_935, 7],
+        output_len: 1,
+        policy_state: PolicyState { seed: u64::MAX, counters: vec![0, 3], values: vec![0.5, -1.25] },
+        seen: vec![4, 0],
+    }
+}
+
+fn round_trip(frame: Frame) {
+    let bytes = frame.encode();
+    assert_eq!(Frame::decode(&bytes), Ok(frame));
+}
+
+#[test]
+fn every_frame_decodes_to_itself() {
+    round_trip(Frame::Arrive { model: 1, arrival: arrival(true) });
+    round_trip(Frame::Arrive { model: 1, arrival: arrival(false) });
+    round_trip(Frame::Handoff { to: 0, arrival: arrival(false) });
+    round_trip(Frame::Event(RequestEvent::Token {
+        id: 1,
+        index: 17,
+        token: 151_000,
+        model: 1,
+        logprob: Some(-0.5),
+        top_logprobs: vec![(3, -0.5), (9, -2.0)],
+    }));
+    round_trip(Frame::Event(RequestEvent::Token {
+        id: 1,
+        index: 0,
+        token: 0,
+        model: 0,
+        logprob: None,
+        top_logprobs: vec![],
+    }));
+    round_trip(Frame::Event(RequestEvent::Moved { id: 2, from: 1, to: 0 }));
+    round_trip(Frame::Event(RequestEvent::Finished { id: 3, reason: FinishReason::Length }));
+    round_trip(Frame::Event(RequestEvent::Finished { id: 3, reason: FinishReason::Stop }));
+    round_trip(Frame::Event(RequestEvent::Failed { id: 4, message: "é out of KV".into() }));
+    round_trip(Frame::Release(u64::MAX));
+    round_trip(Frame::SetActive(16));
+    round_trip(Frame::SetRule(RuleWire {
+        thresholds: vec![Threshold::Fixed(2), Threshold::ByActive(vec![(1, 1), (8, 4)])],
+        max_wait_us: Some(1500),
+    }));
+    round_trip(Frame::Ping { model: 1, nonce: 7 });
+    round_trip(Frame::Pong(7));
+    round_trip(Frame::StatsRequest { model: 1, nonce: 1 });
+    round_trip(Frame::StatsReply { nonce: 1, json: b"{}".to_vec() });
+    round_trip(Frame::Refused("busy".into()));
+    round_trip(Frame::InjectPanic(1));
+    round_trip(Frame::Hello(Hello {
+        reply_group: "g".into(),
+        models: vec![ModelInfoWire { name: "small".into(), hidden_size: 64, vocab_size: 1000 }],
+        model: 0,
+        policy_seed: 3,
+    }));
+}
+
+#[test]
+fn a_decode_step_costs_a_few_bytes() {
+    // One committed token on the hot path: kind bytes, id, index, token, model, flags.
+    let token = Frame::Event(RequestEvent::Token {
+        id: 5,
+        index: 100,
+        token: 151_000,
+        model: 1,
+        logprob: None,
+        top_logprobs: vec![],
+    });
+    assert!(token.encode().len() <= 14, "{} bytes", token.encode().len());
+    // A return after one token elsewhere: a one-token suffix, no spec.
+    let mut back = arrival(false);
+    back.suffix = vec![151_000];
+    back.start = 700;
+    assert!(Frame::Arrive { model: 1, arrival: back }.encode().len() <= 40);
+}
+
+#[test]
+fn another_version_is_refused_by_name() {
+    let mut bytes = Frame::Pong(1).encode();
+    bytes[2] = WIRE_VERSION + 1;
+    assert_eq!(Frame::decode(&bytes), Err(WireError::Version { got: WIRE_VERSION + 1 }));
+    assert!(WireError::Version { got: 9 }.to_string().contains("same tokenrouter version"));
+    assert_eq!(Frame::decode(b"xx\x01\x05"), Err(WireError::NotOurs));
+}
+
+#[test]
+fn truncated_or_corrupt_frames_are_errors_not_panics() {
+    let bytes = Frame::Arrive { model: 1, arrival: arrival(true) }.encode();
+    for cut in 0..bytes.len() {
+        assert!(Frame::decode(&bytes[..cut]).is_err(), "a frame cut at {cut} decoded");
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert_eq!(Frame::decode(&long), Err(WireError::Malformed("trailing bytes")));
+    // A huge length prefix must not allocate: it is checked against what is left.
+    let mut huge = Frame::Release(1).encode();
+    huge[3] = 5; // an Arrive kind over a payload that claims a giant suffix
+    huge.truncate(4);
+    huge.extend_from_slice(&[1, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+    assert_eq!(Frame::decode(&huge), Err(WireError::Truncated));
+    let mut bad_kind = Frame::Pong(1).encode();
+    bad_kind[3] = 200;
+    assert!(matches!(Frame::decode(&bad_kind), Err(WireError::Malformed(_))));
+}
