@@ -351,7 +351,8 @@ impl Link {
             TickVerdict::Ping(nonce) => {
                 self.send(Frame::Ping { model: self.model(), nonce });
                 self.ticks += 1;
-                if self.ticks % STATS_EVERY_TICKS == 1 {
+                // Not before the node's subserver has its settings (it takes those first).
+                if self.ticks % STATS_EVERY_TICKS == 1 && self.subserver.is_some() {
                     self.send(Frame::StatsRequest { model: self.model(), nonce: self.ticks });
                 }
             }

@@ -88,6 +88,9 @@ struct EndpointActor;
 
 struct Hosted {
     compute: Sender<ComputeMsg>,
+    /// A compute thread takes `Start` before anything else (it exits otherwise), so
+    /// nothing else is forwarded until the front's `Start` has been.
+    started: bool,
     thread: Option<std::thread::JoinHandle<()>>,
     loaded: Loaded,
 }
@@ -148,8 +151,6 @@ impl Actor for EndpointActor {
 
 impl Endpoint {
     async fn frame(&mut self, bytes: &[u8]) {
-        metrics::counter!("tokenrouter_cluster_messages_total", "direction" => "in").increment(1);
-        metrics::counter!("tokenrouter_cluster_bytes_total", "direction" => "in").increment(bytes.len() as u64);
         let frame = match Frame::decode(bytes) {
             Ok(f) => f,
             Err(err) => return tracing::error!(%err, "undecodable frame from a front"),
@@ -181,7 +182,9 @@ impl Endpoint {
 
     fn arrive(&mut self, model: usize, arrival: super::wire::WireArrival) {
         let id = arrival.id;
+        let started = self.hosted.get(&model).is_some_and(|h| h.started);
         let result = match &mut self.book {
+            Some(_) if !started => Err(format!("model {model} is not started on this node")),
             Some(book) => book.incoming(arrival),
             None => Err("no front has greeted this node".to_string()),
         };
@@ -265,7 +268,7 @@ impl Endpoint {
             .recv_async()
             .await
             .map_err(|_| EngineError::Internal("a compute thread died while loading".into()))??;
-        Ok(Hosted { compute, thread: Some(thread), loaded })
+        Ok(Hosted { compute, started: false, thread: Some(thread), loaded })
     }
 
     fn handoff_forwarder(&self, from: usize, to: usize) -> Sender<ComputeMsg> {
@@ -304,7 +307,7 @@ impl Endpoint {
     }
 
     async fn stats(&self, model: usize, nonce: u64) {
-        let Some(hosted) = self.hosted.get(&model) else { return };
+        let Some(hosted) = self.hosted.get(&model).filter(|h| h.started) else { return };
         let (tx, rx) = flume::bounded(1);
         if hosted.compute.send_async(ComputeMsg::Stats(tx)).await.is_err() {
             return;
@@ -315,19 +318,22 @@ impl Endpoint {
         }
     }
 
-    fn to_model(&self, model: usize, msg: ComputeMsg) {
-        match self.hosted.get(&model) {
-            Some(h) => {
-                if h.compute.send(msg).is_err() {
-                    tracing::error!(model, "compute thread is gone");
-                }
-            }
-            None => tracing::warn!(model, "a front addressed a model this node does not run"),
+    fn to_model(&mut self, model: usize, msg: ComputeMsg) {
+        let Some(h) = self.hosted.get_mut(&model) else {
+            return tracing::warn!(model, "a front addressed a model this node does not run");
+        };
+        let is_start = matches!(msg, ComputeMsg::Start(..));
+        if !(h.started || is_start) {
+            return tracing::warn!(model, "a front sent work before the subserver's settings; dropped");
+        }
+        h.started |= is_start;
+        if h.compute.send(msg).is_err() {
+            tracing::error!(model, "compute thread is gone");
         }
     }
 
     fn to_all(&self, msg: impl Fn() -> ComputeMsg) {
-        for h in self.hosted.values() {
+        for h in self.hosted.values().filter(|h| h.started) {
             let _ = h.compute.send(msg());
         }
     }
@@ -355,11 +361,9 @@ impl Endpoint {
     }
 }
 
+/// Frames are counted on the front, which sees both directions (a node has no metrics endpoint).
 fn send_to(link: &ActorRef<LinkMsg>, frame: Frame) {
-    let bytes = frame.encode();
-    metrics::counter!("tokenrouter_cluster_messages_total", "direction" => "out").increment(1);
-    metrics::counter!("tokenrouter_cluster_bytes_total", "direction" => "out").increment(bytes.len() as u64);
-    let _ = link.send_message(LinkMsg::Frame(bytes));
+    let _ = link.send_message(LinkMsg::Frame(frame.encode()));
 }
 
 /// The front's link, once the process-group exchange has brought it here.
