@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use tokenrouter_core::model::{Backend, CandleBackend, KvCapacity, ModelConfig};
+use tokenrouter_core::model::{load_backend, KvCapacity, ModelConfig};
 use tokenrouter_core::sched::{
     Arrival, BatchingRule, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig, SubserverStats,
 };
@@ -71,7 +71,7 @@ pub(crate) fn spawn(
     let handle = std::thread::Builder::new()
         .name(format!("compute-{}", spec.name))
         .spawn(move || {
-            let backend = match CandleBackend::load(&spec.path, &spec.load) {
+            let backend = match load_backend(&spec.path, &spec.load) {
                 Ok(b) => b,
                 Err(e) => {
                     let _ = loaded_tx
@@ -81,12 +81,8 @@ pub(crate) fn spawn(
             };
             let _ = loaded_tx.send(Ok(Loaded { config: backend.config().clone(), capacity: backend.kv_capacity() }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
-                let work = ComputeLoop {
-                    sub: Subserver::new(config, Box::new(backend), rule),
-                    links,
-                    restarts: 0,
-                    panic_next: false,
-                };
+                let work =
+                    ComputeLoop { sub: Subserver::new(config, backend, rule), links, restarts: 0, panic_next: false };
                 match own_pool(spec.threads) {
                     Some(pool) => pool.install(|| work.run(&rx)),
                     None => work.run(&rx),

@@ -20,6 +20,7 @@ fn backend(dir: &TempDir, blocks: usize) -> CandleBackend {
         dtype: WeightDtype::F32,
         kv_budget_bytes: blocks * block_size * config.kv_bytes_per_token(4),
         block_size,
+        ..LoadOptions::default()
     };
     CandleBackend::load(dir.path(), &options).unwrap()
 }

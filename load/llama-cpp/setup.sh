@@ -24,7 +24,8 @@ NICE=(nice -n 19)
 
 log() { echo "llama-cpp/setup: $*" >&2; }
 
-if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] && [ -x "$VENV/bin/python" ]; then
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-batched-bench" ] \
+    && [ -x "$VENV/bin/python" ]; then
     echo "$BIN"
     exit 0
 fi
@@ -52,6 +53,6 @@ log "configuring $BUILD"
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >&2
-log "building llama-server and llama-bench (several minutes on 2 cores)"
-"${NICE[@]}" "$VENV/bin/ninja" -C "$BUILD" llama-server llama-bench >&2
+log "building llama-server, llama-bench and llama-batched-bench (several minutes on 2 cores)"
+"${NICE[@]}" "$VENV/bin/ninja" -C "$BUILD" llama-server llama-bench llama-batched-bench >&2
 echo "$BIN"

@@ -3,20 +3,31 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use tokenrouter_core::model::profile::{self, Profile, ProfileSpec};
-use tokenrouter_core::model::{machine, Backend, CandleBackend, LoadOptions, WeightDtype};
+use tokenrouter_core::model::{load_backend, machine, BackendKind, LoadOptions, WeightDtype};
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
     #[arg(long)]
     model: PathBuf,
+    /// f32 or f16; q8_0 or q4_k with `--backend llamacpp` (an HF folder is written to
+    /// GGUF in this type; a .gguf file keeps its own).
     #[arg(long, default_value = "f32")]
     dtype: WeightDtype,
+    /// candle, or llamacpp (builds with the `llamacpp` feature).
+    #[arg(long, default_value = "candle")]
+    backend: BackendKind,
     /// Batch sizes to time decode at.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     batch: Vec<usize>,
     /// Contexts (tokens already in KV) to time decode at.
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024,2048,4096")]
     context: Vec<usize>,
+    /// Prompt lengths to time prefill at (batch 1).
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    prefill: Vec<usize>,
+    /// Also time extends (8 or 32 rows feeding 4 or 16 tokens at context 512).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    extends: bool,
     /// Timed steps per point.
     #[arg(long, default_value_t = 3)]
     steps: usize,
@@ -29,24 +40,32 @@ pub struct ProfileArgs {
 }
 
 pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
-    let options = LoadOptions { dtype: args.dtype, kv_budget_bytes: args.kv_mib << 20, block_size: 16 };
-    let mut backend = CandleBackend::load(&args.model, &options)?;
-    let bytes_per_weight = if args.dtype == WeightDtype::F16 { 2 } else { 4 };
-    let weight_bytes = backend.config().num_parameters() * bytes_per_weight;
+    let options = LoadOptions {
+        dtype: args.dtype,
+        kv_budget_bytes: args.kv_mib << 20,
+        backend: args.backend,
+        ..LoadOptions::default()
+    };
+    let mut backend = load_backend(&args.model, &options)?;
+    let weight_bytes = (backend.config().num_parameters() as f64 * args.dtype.bytes_per_weight()) as usize;
     eprintln!("measuring the machine (bandwidth, GEMM)...");
     let limits = machine::measure();
-    let spec = ProfileSpec {
+    let mut spec = ProfileSpec {
         batch_sizes: args.batch.clone(),
         contexts: args.context.clone(),
+        prefill_lengths: args.prefill.clone(),
         steps: args.steps,
         max_kv_tokens: usize::MAX,
         ..ProfileSpec::default()
     };
+    if !args.extends {
+        spec.extends.clear();
+    }
     let name = args.model.display().to_string();
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let result =
-        profile::run(&mut backend, &name, weight_bytes, limits, &spec, |what| bar.set_message(what.to_string()))?;
+        profile::run(backend.as_mut(), &name, weight_bytes, limits, &spec, |what| bar.set_message(what.to_string()))?;
     bar.finish_and_clear();
     print_table(&result, args.dtype);
     std::fs::write(&args.out, serde_json::to_string_pretty(&result)?)

@@ -97,8 +97,7 @@ async fn start_generator(
         anyhow::bail!("`cluster` and `pools` cannot be combined yet: give remote models to a single engine");
     }
     let Some(section) = &config.pools else {
-        let engine =
-            Engine::start_clustered(prepared.engine.clone(), cluster).await.context("starting the engine")?;
+        let engine = Engine::start_clustered(prepared.engine.clone(), cluster).await.context("starting the engine")?;
         let generator: Arc<dyn Generator> = Arc::new(engine.clone());
         return Ok((generator, vec![engine]));
     };

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::Value;
 use tokenrouter_actors::{ModelSpec, StepLimits};
-use tokenrouter_core::model::{LoadOptions, ModelConfig, WeightDtype};
+use tokenrouter_core::model::{BackendKind, LoadOptions, ModelConfig, WeightDtype};
 use tokenrouter_core::policy::{self, ModelInfo, Policy, PolicyContext};
 use tokenrouter_core::sched::planner;
 use tokenrouter_core::sched::SubserverStats;
@@ -58,6 +58,9 @@ pub struct SweepArgs {
     exclusive: bool,
     #[arg(long, default_value = "f32")]
     dtype: WeightDtype,
+    /// Backend of every model, or one per model (`candle,llamacpp`).
+    #[arg(long, value_delimiter = ',', default_value = "candle")]
+    backend: Vec<BackendKind>,
     /// KV budget per model, MiB.
     #[arg(long, default_value_t = 1024)]
     kv_mib: usize,
@@ -183,6 +186,9 @@ fn spec(args: &SweepArgs) -> anyhow::Result<SweepSpec> {
         }
     }
     let grid = parse_grid(args.grid.as_deref().unwrap_or("1,2,4"), args.models.len())?;
+    if args.backend.len() != 1 && args.backend.len() != args.models.len() {
+        bail!("--backend names {} backends for {} models", args.backend.len(), args.models.len());
+    }
     let load = LoadOptions { dtype: args.dtype, kv_budget_bytes: args.kv_mib << 20, ..LoadOptions::default() };
     let models = args
         .models
@@ -191,7 +197,11 @@ fn spec(args: &SweepArgs) -> anyhow::Result<SweepSpec> {
         .map(|(i, (name, dir))| ModelSpec {
             name: name.clone(),
             path: dir.clone(),
-            load: load.clone(),
+            load: LoadOptions {
+                backend: args.backend[i.min(args.backend.len() - 1)],
+                threads: args.model_threads.as_ref().map(|t| t[i]),
+                ..load.clone()
+            },
             threads: args.model_threads.as_ref().map(|t| t[i]),
         })
         .collect();

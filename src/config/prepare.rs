@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use indicatif::MultiProgress;
 use serde_json::Value;
 use tokenrouter_actors::{EngineConfig, ModelSpec, StepLimits};
+use tokenrouter_core::model::gguf_read::is_gguf_file;
 use tokenrouter_core::model::presets::{self, QWEN3_VOCAB};
-use tokenrouter_core::model::{LoadOptions, ModelConfig};
+use tokenrouter_core::model::{self as model, BackendKind, LoadOptions, ModelConfig};
 use tokenrouter_core::policy::{self, ModelInfo, PolicyContext, PolicyError};
 
 use super::cache::ModelCache;
@@ -48,7 +49,7 @@ impl ServerConfig {
     /// batching rule and the engine config. Nothing is loaded into memory yet:
     /// `Engine::start(prepared.engine)` does that.
     pub fn prepare(&self, cache: &ModelCache, progress: Option<&MultiProgress>) -> Result<Prepared, ConfigError> {
-        let mut model_dirs = Vec::new();
+        let mut model_paths = Vec::new();
         let mut problems = Problems::default();
         for (i, m) in self.models.iter().enumerate() {
             let dir = match (self.model_path(i), m.preset) {
@@ -57,12 +58,13 @@ impl ServerConfig {
                 (None, None) => Err("neither `path` nor `preset`".to_string()),
             };
             match dir {
-                Ok(dir) => model_dirs.push(dir),
+                Ok(dir) => model_paths.push(dir),
                 Err(e) => problems.push(format!("models[{i}]"), e),
             }
         }
         problems.finish()?;
-        let model_configs = self.read_model_configs(&model_dirs)?;
+        let model_configs = self.read_model_configs(&model_paths)?;
+        let model_dirs: Vec<PathBuf> = model_paths.iter().map(|p| files_folder(p)).collect();
         let infos = model_infos(&self.model_names(), &model_configs);
         let ctx = PolicyContext {
             model_dirs: model_dirs.clone(),
@@ -76,14 +78,16 @@ impl ServerConfig {
         let models = self
             .models
             .iter()
-            .zip(&model_dirs)
-            .map(|(m, dir)| ModelSpec {
+            .zip(&model_paths)
+            .map(|(m, path)| ModelSpec {
                 name: m.name.clone(),
-                path: dir.clone(),
+                path: path.clone(),
                 load: LoadOptions {
                     dtype: m.dtype,
                     kv_budget_bytes: (m.kv_budget_mib << 20) as usize,
                     block_size: m.block_size,
+                    backend: m.backend,
+                    threads: m.threads,
                 },
                 threads: m.threads,
             })
@@ -131,8 +135,8 @@ impl ServerConfig {
         for (i, m) in self.models.iter().enumerate() {
             match (self.model_path(i), m.preset) {
                 (Some(path), _) => {
-                    configs.push(read_model_config(i, &path)?);
-                    dirs.push(path);
+                    configs.push(read_model_config(i, &path, m.backend)?);
+                    dirs.push(files_folder(&path));
                 }
                 (None, Some(preset)) => {
                     configs.push(presets::preset(preset.as_str()).expect("every Preset is a core preset"));
@@ -166,17 +170,29 @@ impl ServerConfig {
         problems.finish()
     }
 
-    fn read_model_configs(&self, dirs: &[PathBuf]) -> Result<Vec<ModelConfig>, ConfigError> {
-        dirs.iter().enumerate().map(|(i, dir)| read_model_config(i, dir)).collect()
+    fn read_model_configs(&self, paths: &[PathBuf]) -> Result<Vec<ModelConfig>, ConfigError> {
+        paths.iter().zip(&self.models).enumerate().map(|(i, (path, m))| read_model_config(i, path, m.backend)).collect()
     }
 }
 
-fn read_model_config(index: usize, dir: &std::path::Path) -> Result<ModelConfig, ConfigError> {
+/// A folder's config.json, or a GGUF file's metadata (llama.cpp backend only).
+fn read_model_config(index: usize, path: &std::path::Path, backend: BackendKind) -> Result<ModelConfig, ConfigError> {
     let at = format!("models[{index}].path");
-    if !dir.is_dir() {
-        return Err(ConfigError::new(at, format!("{} is not a folder", dir.display())));
+    if is_gguf_file(path) && backend != BackendKind::Llamacpp {
+        return Err(ConfigError::new(at, format!("{} is a GGUF file: add `backend: llamacpp`", path.display())));
     }
-    ModelConfig::from_file(&dir.join("config.json")).map_err(|e| ConfigError::new(at, e.to_string()))
+    if !path.is_dir() && !is_gguf_file(path) {
+        return Err(ConfigError::new(at, format!("{} is not a folder or a .gguf file", path.display())));
+    }
+    model::read_model_config(path).map_err(|e| ConfigError::new(at, e.to_string()))
+}
+
+/// Where a model's tokenizer and policy files are: its folder, or a GGUF file's folder.
+fn files_folder(path: &std::path::Path) -> PathBuf {
+    match is_gguf_file(path) {
+        true => path.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+        false => path.to_path_buf(),
+    }
 }
 
 /// What policies know of the models: hidden sizes, and the vocabulary all share (the

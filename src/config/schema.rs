@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use tokenrouter_actors::StepLimits;
-use tokenrouter_core::model::WeightDtype;
+use tokenrouter_core::model::{BackendKind, WeightDtype};
 
 /// One model: a Hugging Face folder (`path`) or a random-weight `preset` made in the cache.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -27,8 +27,13 @@ pub struct ModelEntry {
     /// Seed of a preset's random weights (default 0); presets only.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// f32 or f16; q8_0 and q4_k on the llama.cpp backend.
     #[serde(default = "default_dtype")]
     pub dtype: WeightDtype,
+    /// `candle` (pure Rust, the default) or `llamacpp` (needs the `llamacpp` build
+    /// feature; `path` may then also be a GGUF file).
+    #[serde(default)]
+    pub backend: BackendKind,
     /// Caps the context (prompt + output tokens) below the model's own.
     #[serde(default)]
     pub max_context: Option<usize>,
@@ -52,6 +57,7 @@ impl ModelEntry {
             preset: Some(preset),
             seed: Some(seed),
             dtype: default_dtype(),
+            backend: BackendKind::default(),
             max_context: None,
             kv_budget_mib: default_kv_budget_mib(),
             block_size: default_block_size(),

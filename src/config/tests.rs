@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::json;
-use tokenrouter_core::model::WeightDtype;
+use tokenrouter_core::model::{BackendKind, WeightDtype};
 use tokenrouter_core::policy::ModelInfo;
 use tokenrouter_core::sched::Threshold;
 
@@ -83,7 +83,7 @@ fn wrong_types_are_refused_with_their_path() {
 #[test]
 fn bad_values_are_refused_with_their_path() {
     let e = refused("models: [{name: m, preset: tiny, dtype: bf8}]");
-    assert!(e.to_string().starts_with("models[0].dtype: unknown variant `bf8`, expected `f32` or `f16`"), "{e}");
+    assert!(e.to_string().starts_with("models[0].dtype: unknown variant `bf8`, expected one of `f32`, `f16`"), "{e}");
     let e = refused("models: [{name: m, preset: huge}]");
     assert!(e.to_string().starts_with("models[0].preset: unknown variant `huge`"), "{e}");
     let e = refused(&with_pair("server: {max_queued_requests: -1}\n"));
@@ -120,6 +120,25 @@ server: {port: 0, max_body_bytes: 0, max_queued_requests: 0, max_tokens_limit: 0
     }
     assert_eq!(e.problems.len(), 12, "{e}");
     assert!(refused("models: [{name: m, preset: tiny, block_size: 129}]").mentions("models[0].block_size"));
+}
+
+#[test]
+fn quantized_types_and_gguf_files_need_the_llamacpp_backend() {
+    let config = parse("models: [{name: m, preset: tiny, backend: llamacpp, dtype: q8_0}]").unwrap();
+    assert_eq!((config.models[0].backend, config.models[0].dtype), (BackendKind::Llamacpp, WeightDtype::Q8_0));
+    assert_eq!(parse("models: [{name: m, preset: tiny}]").unwrap().models[0].backend, BackendKind::Candle);
+    let e = refused("models: [{name: m, preset: tiny, dtype: q4_k}]");
+    assert!(e.mentions("models[0].dtype") && e.to_string().contains("backend: llamacpp"), "{e}");
+    let e = refused("models: [{name: m, preset: tiny, backend: onnx}]");
+    assert!(e.to_string().starts_with("models[0].backend: unknown variant `onnx`"), "{e}");
+
+    let dir = tempfile::TempDir::new().unwrap();
+    std::fs::write(dir.path().join("m.gguf"), b"GGUF").unwrap();
+    let config = ServerConfig::from_yaml_str("models: [{name: m, path: m.gguf}]", dir.path()).unwrap();
+    let e = config.check().unwrap_err();
+    assert!(e.mentions("models[0].path") && e.to_string().contains("add `backend: llamacpp`"), "{e}");
+    let config = ServerConfig::from_yaml_str("models: [{name: m, path: nowhere}]", dir.path()).unwrap();
+    assert!(config.check().unwrap_err().to_string().contains("is not a folder or a .gguf file"));
 }
 
 #[test]

@@ -172,5 +172,36 @@ fn a_missing_model_folder_is_refused_at_its_key() {
         ServerConfig::from_yaml_str("models: [{name: a, preset: tiny}, {name: b, path: absent}]", dir.path()).unwrap();
     let e = config.prepare(&builtin_cache(&dir.path().join("cache")), None).unwrap_err();
     assert!(e.to_string().starts_with("models[1].path: "), "{e}");
-    assert!(e.to_string().ends_with("absent is not a folder"), "{e}");
+    assert!(e.to_string().ends_with("absent is not a folder or a .gguf file"), "{e}");
+}
+
+/// A GGUF file as a model: its metadata stands in for config.json, its folder holds the
+/// tokenizer, and the llama.cpp backend loads it.
+#[cfg(feature = "llamacpp")]
+#[test]
+fn a_gguf_file_prepares_and_loads_on_llamacpp() {
+    use tokenrouter_core::model::gguf::{write_gguf, GgufType};
+    use tokenrouter_core::model::init::copy_tokenizer;
+    let Some(tokenizer) = tokenrouter_core::assets::tokenizer_dir("qwen3") else { return };
+    let dir = tempfile::TempDir::new().unwrap();
+    let (folder, gguf_dir) = (dir.path().join("hf"), dir.path().join("gguf"));
+    std::fs::create_dir_all(&gguf_dir).unwrap();
+    write_random_model(&qwen3_shaped(64, 2, 4, 2, 128, 151_936), &InitOptions { seed: 3, std: 0.1 }, &folder).unwrap();
+    copy_tokenizer(&tokenizer, &folder).unwrap();
+    copy_tokenizer(&tokenizer, &gguf_dir).unwrap();
+    write_gguf(&folder, &gguf_dir.join("m.gguf"), GgufType::Q8_0).unwrap();
+
+    let yaml = "models: [{name: m, path: gguf/m.gguf, backend: llamacpp, kv_budget_mib: 8}]";
+    let config = ServerConfig::from_yaml_str(yaml, dir.path()).unwrap();
+    config.check().unwrap();
+    let prepared = config.prepare(&builtin_cache(dir.path()), None).unwrap();
+    assert_eq!(prepared.model_dirs[0], gguf_dir);
+    assert_eq!(prepared.model_configs[0].vocab_size, 151_936);
+    let spec = &prepared.engine.models[0];
+    assert_eq!(spec.path, gguf_dir.join("m.gguf"));
+    let mut backend = tokenrouter_core::model::load_backend(&spec.path, &spec.load).unwrap();
+    let mut kv = backend.new_sequence();
+    let out = backend.forward(&mut [RowInput { kv: &mut kv, tokens: &[1, 2, 3], start: 0 }], false).unwrap();
+    assert!(out.row_logits(0).iter().all(|x| x.is_finite()));
+    TextTokenizer::from_folder(&prepared.model_dirs[0]).unwrap();
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::time::Duration;
+use tokenrouter_core::model::BackendKind;
 use tokenrouter_core::sched::planner::ReplanConfig;
 
 use serde_json::Value;
@@ -77,6 +78,11 @@ impl ServerConfig {
             }
             if let Some(threads) = m.threads {
                 p.positive(at("threads"), threads as u64);
+            }
+            if m.backend == BackendKind::Candle {
+                if let Err(e) = m.dtype.candle() {
+                    p.push(at("dtype"), e.to_string());
+                }
             }
         }
     }

@@ -8,6 +8,8 @@ use candle_core::DType;
 use super::attention::{PagedKvStore, TokenLayout, MAX_BLOCK_SIZE};
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use super::gguf::GgufType;
+use super::gguf_read::{is_gguf_file, read_gguf_config};
 use super::kv::{BlockPool, KvCapacity, KvSeq};
 use super::transformer::Transformer;
 use super::weights::Checkpoint;
@@ -60,24 +62,68 @@ pub trait Backend: Send {
         self.kv_pool().capacity()
     }
 
+    /// Whether positions may be marked computed without a forward, as profiling does to
+    /// reach long contexts cheaply: true where attention reads slots whatever they hold,
+    /// false where the backend tracks which positions it has seen (llama.cpp).
+    fn accepts_uncomputed_context(&self) -> bool {
+        true
+    }
+
     /// One forward over all rows. Fails without side effects when the rows are
     /// malformed or their KV does not fit.
     fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput>;
 }
 
-/// Weight precision at run time; checkpoints in bf16/f16/f32 convert on load.
+/// Weight precision at run time; checkpoints in bf16/f16/f32 convert on load. The
+/// quantized types run on the llama.cpp backend only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightDtype {
     F32,
     F16,
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_k")]
+    Q4K,
 }
 
 impl WeightDtype {
-    pub fn candle(self) -> DType {
+    pub fn candle(self) -> Result<DType> {
         match self {
-            WeightDtype::F32 => DType::F32,
-            WeightDtype::F16 => DType::F16,
+            WeightDtype::F32 => Ok(DType::F32),
+            WeightDtype::F16 => Ok(DType::F16),
+            quantized => Err(ModelError::Unsupported(format!(
+                "dtype {} runs on the llama.cpp backend only (backend: llamacpp)",
+                quantized.as_str()
+            ))),
+        }
+    }
+
+    pub fn gguf(self) -> GgufType {
+        match self {
+            WeightDtype::F32 => GgufType::F32,
+            WeightDtype::F16 => GgufType::F16,
+            WeightDtype::Q8_0 => GgufType::Q8_0,
+            WeightDtype::Q4K => GgufType::Q4K,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+            WeightDtype::Q8_0 => "q8_0",
+            WeightDtype::Q4K => "q4_k",
+        }
+    }
+
+    /// Bytes a weight takes, including quantization scales.
+    pub fn bytes_per_weight(self) -> f64 {
+        match self {
+            WeightDtype::F32 => 4.0,
+            WeightDtype::F16 => 2.0,
+            WeightDtype::Q8_0 => 34.0 / 32.0,
+            WeightDtype::Q4K => 144.0 / 256.0,
         }
     }
 }
@@ -88,7 +134,43 @@ impl std::str::FromStr for WeightDtype {
         match s {
             "f32" | "float32" => Ok(WeightDtype::F32),
             "f16" | "float16" => Ok(WeightDtype::F16),
-            other => Err(format!("dtype {other:?} is not supported: use f32 or f16 (bf16 checkpoints load as either)")),
+            "q8_0" => Ok(WeightDtype::Q8_0),
+            "q4_k" => Ok(WeightDtype::Q4K),
+            other => Err(format!(
+                "dtype {other:?} is not supported: use f32 or f16 (bf16 checkpoints load as either), or q8_0/q4_k with \
+                 the llama.cpp backend"
+            )),
+        }
+    }
+}
+
+/// Which implementation runs a model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// candle matmuls and our paged attention, pure Rust.
+    #[default]
+    Candle,
+    /// llama.cpp's kernels (cargo feature `llamacpp`).
+    Llamacpp,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Candle => "candle",
+            BackendKind::Llamacpp => "llamacpp",
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "candle" => Ok(BackendKind::Candle),
+            "llamacpp" | "llama.cpp" => Ok(BackendKind::Llamacpp),
+            other => Err(format!("backend {other:?} is not known: use candle or llamacpp")),
         }
     }
 }
@@ -96,15 +178,26 @@ impl std::str::FromStr for WeightDtype {
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub dtype: WeightDtype,
-    /// Bytes of KV storage for this model (K and V, all layers, f32 values).
+    /// Bytes of KV storage for this model (K and V, all layers, f32 values on candle,
+    /// f16 on llama.cpp).
     pub kv_budget_bytes: usize,
     /// Token slots per KV block.
     pub block_size: usize,
+    pub backend: BackendKind,
+    /// Compute threads of the llama.cpp backend; `None`: the process's count
+    /// (see [`threads`](super::threads)). candle runs on the rayon pool it is called in.
+    pub threads: Option<usize>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: WeightDtype::F32, kv_budget_bytes: 256 << 20, block_size: 16 }
+        LoadOptions {
+            dtype: WeightDtype::F32,
+            kv_budget_bytes: 256 << 20,
+            block_size: 16,
+            backend: BackendKind::Candle,
+            threads: None,
+        }
     }
 }
 
@@ -121,8 +214,9 @@ impl CandleBackend {
             ModelError::MissingFile(_) if !dir.is_dir() => Err(ModelError::MissingFolder(dir.to_path_buf())),
             other => Err(other),
         })?;
-        let ckpt = Checkpoint::open(dir, options.dtype.candle())?;
-        let model = Transformer::load(config, &ckpt, options.dtype.candle())?;
+        let dtype = options.dtype.candle()?;
+        let ckpt = Checkpoint::open(dir, dtype)?;
+        let model = Transformer::load(config, &ckpt, dtype)?;
         Self::with_model(model, options)
     }
 
@@ -142,50 +236,6 @@ impl CandleBackend {
 
     pub fn dtype(&self) -> DType {
         self.model.dtype()
-    }
-
-    fn check_rows(&self, rows: &[RowInput<'_>]) -> Result<()> {
-        let c = self.model.config();
-        if rows.is_empty() {
-            return Err(ModelError::BadBatch("no rows".into()));
-        }
-        for (i, row) in rows.iter().enumerate() {
-            if !row.kv.pool().same_pool(&self.pool) {
-                return Err(ModelError::BadBatch(format!("row {i}: KV handle belongs to another model")));
-            }
-            if row.tokens.is_empty() {
-                return Err(ModelError::BadBatch(format!("row {i}: no tokens")));
-            }
-            if row.start > row.kv.len() {
-                return Err(ModelError::BadBatch(format!(
-                    "row {i}: starts at {} but only {} positions are computed",
-                    row.start,
-                    row.kv.len()
-                )));
-            }
-            if let Some(&token) = row.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(ModelError::TokenOutOfVocab { token, vocab: c.vocab_size });
-            }
-            let end = row.start + row.tokens.len();
-            if end > c.max_position_embeddings {
-                return Err(ModelError::ContextOverflow { position: end, max: c.max_position_embeddings });
-            }
-        }
-        Ok(())
-    }
-
-    /// Takes every block the batch needs, or none.
-    fn reserve_all(&self, rows: &mut [RowInput<'_>]) -> Result<()> {
-        let needed: usize = rows.iter().map(|r| r.kv.blocks_missing_for(r.start + r.tokens.len())).sum();
-        let free = self.pool.capacity().free_blocks;
-        if needed > free {
-            return Err(ModelError::OutOfBlocks { needed, free, block_size: self.pool.block_size() });
-        }
-        for row in rows.iter_mut() {
-            row.kv.truncate(row.start);
-            row.kv.reserve(row.start + row.tokens.len())?;
-        }
-        Ok(())
     }
 
     fn layout(&self, rows: &[RowInput<'_>]) -> (Vec<u32>, TokenLayout, Vec<u32>) {
@@ -219,8 +269,8 @@ impl Backend for CandleBackend {
     }
 
     fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
-        self.check_rows(rows)?;
-        self.reserve_all(rows)?;
+        check_rows(self.model.config(), &self.pool, rows)?;
+        reserve_rows(&self.pool, rows)?;
         let (tokens, layout, last) = self.layout(rows);
         let out = match self.model.forward(&mut self.store, &tokens, &layout, &last, want_hidden) {
             Ok(out) => out,
@@ -241,4 +291,83 @@ impl Backend for CandleBackend {
             hidden: out.hidden.map(|h| h.flatten_all().and_then(|h| h.to_vec1())).transpose()?,
         })
     }
+}
+
+/// Refuses malformed rows before anything changes.
+pub(crate) fn check_rows(c: &ModelConfig, pool: &BlockPool, rows: &[RowInput<'_>]) -> Result<()> {
+    if rows.is_empty() {
+        return Err(ModelError::BadBatch("no rows".into()));
+    }
+    for (i, row) in rows.iter().enumerate() {
+        if !row.kv.pool().same_pool(pool) {
+            return Err(ModelError::BadBatch(format!("row {i}: KV handle belongs to another model")));
+        }
+        if row.tokens.is_empty() {
+            return Err(ModelError::BadBatch(format!("row {i}: no tokens")));
+        }
+        if row.start > row.kv.len() {
+            return Err(ModelError::BadBatch(format!(
+                "row {i}: starts at {} but only {} positions are computed",
+                row.start,
+                row.kv.len()
+            )));
+        }
+        if let Some(&token) = row.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfVocab { token, vocab: c.vocab_size });
+        }
+        let end = row.start + row.tokens.len();
+        if end > c.max_position_embeddings {
+            return Err(ModelError::ContextOverflow { position: end, max: c.max_position_embeddings });
+        }
+    }
+    Ok(())
+}
+
+/// Takes every block the batch needs, or none; rows that rewind forget K/V from their start.
+pub(crate) fn reserve_rows(pool: &BlockPool, rows: &mut [RowInput<'_>]) -> Result<()> {
+    let needed: usize = rows.iter().map(|r| r.kv.blocks_missing_for(r.start + r.tokens.len())).sum();
+    let free = pool.capacity().free_blocks;
+    if needed > free {
+        return Err(ModelError::OutOfBlocks { needed, free, block_size: pool.block_size() });
+    }
+    for row in rows.iter_mut() {
+        row.kv.truncate(row.start);
+        row.kv.reserve(row.start + row.tokens.len())?;
+    }
+    Ok(())
+}
+
+/// The backend `options` ask for, loaded from an HF folder or (llama.cpp only) a GGUF file.
+pub fn load_backend(path: &Path, options: &LoadOptions) -> Result<Box<dyn Backend>> {
+    match options.backend {
+        BackendKind::Candle if is_gguf_file(path) => Err(ModelError::Unsupported(format!(
+            "{} is a GGUF file: GGUF models run on the llama.cpp backend (backend: llamacpp)",
+            path.display()
+        ))),
+        BackendKind::Candle => Ok(Box::new(CandleBackend::load(path, options)?)),
+        BackendKind::Llamacpp => load_llamacpp(path, options),
+    }
+}
+
+#[cfg(feature = "llamacpp")]
+fn load_llamacpp(path: &Path, options: &LoadOptions) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(super::llamacpp::LlamaCppBackend::load(path, options)?))
+}
+
+#[cfg(not(feature = "llamacpp"))]
+fn load_llamacpp(_: &Path, _: &LoadOptions) -> Result<Box<dyn Backend>> {
+    Err(ModelError::Unsupported(
+        "this build has no llama.cpp backend: build with `--features llamacpp` (see README)".into(),
+    ))
+}
+
+/// A model's hyper-parameters: `config.json` of an HF folder, or a GGUF file's metadata.
+pub fn read_model_config(path: &Path) -> Result<ModelConfig> {
+    if is_gguf_file(path) {
+        return read_gguf_config(path);
+    }
+    if !path.is_dir() {
+        return Err(ModelError::MissingFolder(path.to_path_buf()));
+    }
+    ModelConfig::from_file(&path.join("config.json"))
 }

@@ -26,6 +26,10 @@ pub enum ModelError {
     TokenOutOfVocab { token: u32, vocab: usize },
     #[error("position {position} exceeds the model's maximum context {max}")]
     ContextOverflow { position: usize, max: usize },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("llama.cpp: {0}")]
+    LlamaCpp(String),
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

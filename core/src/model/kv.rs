@@ -13,6 +13,18 @@ use super::error::{ModelError, Result};
 struct FreeList {
     free: Vec<u32>,
     total: usize,
+    next_sequence: u64,
+    /// Forgotten K/V, for backends whose storage is keyed by sequence rather than by
+    /// block id (llama.cpp): they apply these before their next forward.
+    trims: Option<Vec<Trim>>,
+}
+
+/// K/V of `sequence` from position `from` on was forgotten; `from == 0` also means
+/// the sequence may be gone for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trim {
+    pub sequence: u64,
+    pub from: usize,
 }
 
 /// A pool of `total_blocks` blocks of `block_size` token slots each.
@@ -41,10 +53,32 @@ impl KvCapacity {
 
 impl BlockPool {
     pub fn new(total_blocks: usize, block_size: usize) -> Self {
+        // Pop from the end hands out low ids first, which keeps early storage hot.
+        Self::with_trims(total_blocks, block_size, None)
+    }
+
+    /// A pool that also records every [`Trim`], for [`take_trims`](Self::take_trims).
+    pub fn recording_trims(total_blocks: usize, block_size: usize) -> Self {
+        Self::with_trims(total_blocks, block_size, Some(Vec::new()))
+    }
+
+    fn with_trims(total_blocks: usize, block_size: usize, trims: Option<Vec<Trim>>) -> Self {
         assert!(block_size > 0, "block size must be positive");
         // Pop from the end hands out low ids first, which keeps early storage hot.
         let free = (0..total_blocks as u32).rev().collect();
-        BlockPool { block_size, free: Arc::new(Mutex::new(FreeList { free, total: total_blocks })) }
+        let list = FreeList { free, total: total_blocks, next_sequence: 0, trims };
+        BlockPool { block_size, free: Arc::new(Mutex::new(list)) }
+    }
+
+    /// Trims recorded since the last call, oldest first (empty unless recording).
+    pub fn take_trims(&self) -> Vec<Trim> {
+        self.lock().trims.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record_trim(&self, trim: Trim) {
+        if let Some(trims) = self.lock().trims.as_mut() {
+            trims.push(trim);
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -58,7 +92,12 @@ impl BlockPool {
 
     /// A new, empty sequence drawing from this pool.
     pub fn new_sequence(&self) -> KvSeq {
-        KvSeq { blocks: Vec::new(), len: 0, pool: self.clone() }
+        let id = {
+            let mut list = self.lock();
+            list.next_sequence += 1;
+            list.next_sequence
+        };
+        KvSeq { id, blocks: Vec::new(), len: 0, pool: self.clone() }
     }
 
     pub fn blocks_for_tokens(&self, tokens: usize) -> usize {
@@ -94,12 +133,18 @@ impl BlockPool {
 /// computed K/V. Dropping it returns the blocks to the pool.
 #[derive(Debug)]
 pub struct KvSeq {
+    /// Unique within its pool.
+    id: u64,
     blocks: Vec<u32>,
     len: usize,
     pool: BlockPool,
 }
 
 impl KvSeq {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Token positions with computed K/V.
     pub fn len(&self) -> usize {
         self.len
@@ -138,6 +183,9 @@ impl KvSeq {
 
     /// Forgets K/V from position `len` on, and frees blocks no longer needed.
     pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.pool.record_trim(Trim { sequence: self.id, from: len });
+        }
         self.len = self.len.min(len);
         let keep = self.pool.blocks_for_tokens(self.len);
         if keep < self.blocks.len() {
@@ -166,6 +214,9 @@ impl KvSeq {
 
 impl Drop for KvSeq {
     fn drop(&mut self) {
+        if self.len > 0 {
+            self.pool.record_trim(Trim { sequence: self.id, from: 0 });
+        }
         if !self.blocks.is_empty() {
             self.pool.give_back(self.blocks.drain(..));
         }
@@ -226,5 +277,24 @@ mod tests {
         assert_eq!((b0, o0), (a.blocks()[0], 0));
         assert_eq!((b1, o1), (a.blocks()[1], 1));
         assert_ne!(b0, noise.blocks()[0]);
+    }
+
+    #[test]
+    fn a_recording_pool_logs_rewinds_and_drops_only() {
+        let pool = BlockPool::recording_trims(8, 4);
+        let mut a = pool.new_sequence();
+        let b = pool.new_sequence();
+        assert_ne!(a.id(), b.id());
+        a.reserve(10).unwrap();
+        a.set_computed(10);
+        a.truncate(12);
+        a.truncate(6);
+        drop(b); // never computed anything: nothing to forget
+        let a_id = a.id();
+        drop(a);
+        let trims = pool.take_trims();
+        assert_eq!(trims, vec![Trim { sequence: a_id, from: 6 }, Trim { sequence: a_id, from: 0 }]);
+        assert!(pool.take_trims().is_empty());
+        assert!(BlockPool::new(4, 4).take_trims().is_empty());
     }
 }

@@ -7,9 +7,12 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod gguf_read;
 pub mod init;
 pub mod kv;
 pub mod linear;
+#[cfg(feature = "llamacpp")]
+pub mod llamacpp;
 pub mod machine;
 pub mod matmul;
 pub mod presets;
@@ -20,7 +23,10 @@ pub mod threads;
 pub mod transformer;
 pub mod weights;
 
-pub use backend::{Backend, CandleBackend, ForwardOutput, LoadOptions, RowInput, WeightDtype};
+pub use backend::{
+    load_backend, read_model_config, Backend, BackendKind, CandleBackend, ForwardOutput, LoadOptions, RowInput,
+    WeightDtype,
+};
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
-pub use kv::{BlockPool, KvCapacity, KvSeq};
+pub use kv::{BlockPool, KvCapacity, KvSeq, Trim};

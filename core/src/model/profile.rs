@@ -167,6 +167,22 @@ fn token_room(backend: &dyn Backend) -> usize {
     cap.free_blocks * cap.block_size
 }
 
+/// Brings a sequence to `context` positions: declared computed where the backend allows
+/// it, else prefilled for real.
+fn fill_context(backend: &mut dyn Backend, seq: &mut KvSeq, context: usize, token: u32) -> Result<()> {
+    if context == 0 {
+        return Ok(());
+    }
+    if backend.accepts_uncomputed_context() {
+        seq.reserve(context)?;
+        seq.set_computed(context);
+        return Ok(());
+    }
+    let prompt = vec![token; context];
+    backend.forward(&mut [RowInput { kv: seq, tokens: &prompt, start: 0 }], false)?;
+    Ok(())
+}
+
 /// Median latency of steps feeding `tokens_per_row` tokens to `batch` rows that sit at
 /// `context` positions. The context's K/V is left as whatever the blocks hold: attention
 /// costs the same whatever the values, and prefilling long contexts would dominate.
@@ -179,12 +195,11 @@ fn time_steps(
 ) -> Result<f64> {
     let vocab = backend.config().vocab_size as u32;
     let mut seqs: Vec<KvSeq> = (0..batch).map(|_| backend.new_sequence()).collect();
-    for seq in &mut seqs {
-        seq.reserve(context)?;
-        seq.set_computed(context);
-    }
     let tokens: Vec<Vec<u32>> =
         (0..batch).map(|r| (0..tokens_per_row).map(|i| ((r * 7919 + i * 104_729) as u32) % vocab).collect()).collect();
+    for (seq, row) in seqs.iter_mut().zip(&tokens) {
+        fill_context(backend, seq, context, row.first().copied().unwrap_or(0))?;
+    }
     let mut times = Vec::with_capacity(steps);
     for step in 0..=steps {
         let mut rows: Vec<RowInput> = seqs

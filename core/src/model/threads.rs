@@ -26,6 +26,12 @@ pub fn configure(requested: Option<usize>) -> usize {
     })
 }
 
+/// Threads of a llama.cpp context: the model's own count, else the process's. ggml
+/// keeps its own workers (OpenMP), outside rayon's pools, so this is where both meet.
+pub fn llama_threads(requested: Option<usize>) -> usize {
+    requested.unwrap_or_else(|| configure(None))
+}
+
 fn env_count(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.parse().ok().filter(|&n| n > 0)
 }
