@@ -155,6 +155,8 @@ impl Context {
             p.kv_unified = true;
             p.embeddings = false;
             p.no_perf = true;
+            // Asked about every graph node, it declines all but one node, and that
+            // one only when a step wants hidden states: measured free otherwise.
             p.cb_eval = Some(capture_hidden);
             p.cb_eval_user_data = &mut *capture as *mut HiddenCapture as *mut c_void;
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
