@@ -117,10 +117,6 @@ async fn wait_for_node(engine: &Engine, ok: impl Fn(&NodeStatus) -> bool) -> Nod
     }
 }
 
-// Flaky (failed 2 of 6 local runs, 2026-11-29): in the failing runs the front still
-// reported the killed primary Up with no loss five seconds after the kill, so its loss
-// detection has a race. Run it with `--run-ignored all`; issue 9 stays open until fixed.
-#[ignore = "flaky node-loss detection, see the comment above"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_node_ends_every_request_and_a_replacement_resumes_them() {
     let m = models();
@@ -158,6 +154,7 @@ async fn killing_the_node_ends_every_request_and_a_replacement_resumes_them() {
     let mut primary = NodeProcess::start(m.dirs[1].path(), &addresses[0], COOKIE, &[]);
     let _replacement = NodeProcess::start(m.dirs[1].path(), &addresses[1], COOKIE, &[]);
     let engine = Engine::start_clustered(engine_config(&m, &[1, 1]), Some(cluster(&addresses, COOKIE))).await.unwrap();
+    assert_eq!(engine.nodes()[0].serving.as_deref(), Some(addresses[0].as_str()), "the primary serves first");
     let ended = run_through(&engine, 6, || primary.kill()).await;
     let want = reference_outputs(&m, &(0..6).collect::<Vec<_>>(), LONG);
     for (i, tokens, end) in &ended {
@@ -165,6 +162,7 @@ async fn killing_the_node_ends_every_request_and_a_replacement_resumes_them() {
         assert_matches(tokens, &want[i], &format!("request {i} across the loss"));
     }
     let node = wait_for_node(&engine, |n| n.losses == 1 && n.state == LinkState::Up).await;
+    assert_eq!(node.serving.as_deref(), Some(addresses[1].as_str()), "{node:?}");
     assert!(node.resumed > 0, "{node:?}");
     engine.shutdown().await;
 }

@@ -14,7 +14,7 @@ use tokenrouter_core::model::presets::qwen3_shaped;
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::model::{load_backend, Backend, CandleBackend, LoadOptions};
 use tokenrouter_core::policy::{self, ModelIndex, ModelInfo, Policy, PolicyContext};
-use tokenrouter_core::sched::reference::Reference;
+use tokenrouter_core::sched::reference::{Reference, ReferenceOutput};
 use tokenrouter_core::sched::{BatchingRule, RequestSpec};
 
 const VOCAB: usize = 400;
@@ -116,7 +116,7 @@ async fn collect(engine: &Engine, r: GenerateRequest) -> (Vec<(u32, ModelIndex)>
     panic!("stream ended without a final event");
 }
 
-fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64, Vec<(u32, ModelIndex, f32)>> {
+fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64, ReferenceOutput> {
     let mut backends: Vec<Box<dyn Backend>> =
         m.dirs.iter().zip(&m.load).map(|(d, load)| load_backend(d.path(), load).unwrap()).collect();
     let mut reference = Reference {
@@ -136,29 +136,17 @@ fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64
                 stop_ids: vec![],
                 policy: policy.clone(),
             };
-            let out = reference.run(&spec).unwrap();
-            (i, out.tokens.iter().map(|t| (t.token, t.model, t.top2_gap)).collect())
+            (i, reference.run(&spec).unwrap())
         })
         .collect()
-}
-
-/// Equal token for token, except where the reference's top-2 gap is float noise
-/// (then the rest of that output may legitimately differ).
-fn assert_matches(got: &[(u32, ModelIndex)], want: &[(u32, ModelIndex, f32)], gap: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        if (g.0, g.1) != (w.0, w.1) {
-            assert!(w.2 < gap, "{what}: token {k} differs ({g:?} vs {w:?}) with top-2 gap {}", w.2);
-            return;
-        }
-    }
 }
 
 /// 16 concurrent requests under several thresholds and arrival orders give the
 /// reference's tokens, produced by the same models.
 async fn check_against_reference(m: &Models, policy: Arc<dyn Policy>, cases: &[(Vec<usize>, Vec<u64>)]) {
     let want = reference_outputs(m, policy.clone(), 16);
-    let models_used: std::collections::HashSet<ModelIndex> = want.values().flatten().map(|t| t.1).collect();
+    let models_used: std::collections::HashSet<ModelIndex> =
+        want.values().flat_map(|o| o.tokens.iter().map(|t| t.model)).collect();
     assert_eq!(models_used.len(), m.dirs.len(), "every model produces some tokens: {models_used:?}");
     for (thresholds, order) in cases {
         let engine = Engine::start(engine_config(m, policy.clone(), thresholds)).await.unwrap();
@@ -174,7 +162,7 @@ async fn check_against_reference(m: &Models, policy: Arc<dyn Policy>, cases: &[(
             let (i, (tokens, end)) = task.await.unwrap();
             assert!(matches!(end, GenerationEvent::Finished { .. }), "{end:?}");
             let gap = m.greedy_gap.unwrap_or(1e-4);
-            assert_matches(&tokens, &want[&i], gap, &format!("request {i}, thresholds {thresholds:?}"));
+            want[&i].check(&tokens, gap).unwrap_or_else(|e| panic!("request {i}, thresholds {thresholds:?}: {e}"));
         }
         let stats = engine.stats().await;
         assert!(stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks), "{stats:?}");

@@ -20,7 +20,7 @@ use tokenrouter::core::model::presets::qwen3_shaped;
 use tokenrouter::core::model::sampler::SamplingParams;
 use tokenrouter::core::model::{Backend, CandleBackend, LoadOptions};
 use tokenrouter::core::policy::{self, ModelIndex, ModelInfo, Policy, PolicyContext};
-use tokenrouter::core::sched::reference::Reference;
+use tokenrouter::core::sched::reference::{Reference, ReferenceOutput};
 use tokenrouter::core::sched::{BatchingRule, RequestSpec};
 
 pub const VOCAB: usize = 400;
@@ -119,7 +119,7 @@ pub async fn collect(
 }
 
 /// Per request: (token, model, the reference's top-2 logit gap there).
-pub fn reference_outputs(m: &Models, ids: &[u64], max_tokens: usize) -> HashMap<u64, Vec<(u32, ModelIndex, f32)>> {
+pub fn reference_outputs(m: &Models, ids: &[u64], max_tokens: usize) -> HashMap<u64, ReferenceOutput> {
     let mut backends: Vec<CandleBackend> =
         m.dirs.iter().map(|d| CandleBackend::load(d.path(), &load_options()).unwrap()).collect();
     let mut reference = Reference {
@@ -139,22 +139,14 @@ pub fn reference_outputs(m: &Models, ids: &[u64], max_tokens: usize) -> HashMap<
                 stop_ids: vec![],
                 policy: policy.clone(),
             };
-            let out = reference.run(&spec).unwrap();
-            (i, out.tokens.iter().map(|t| (t.token, t.model, t.top2_gap)).collect())
+            (i, reference.run(&spec).unwrap())
         })
         .collect()
 }
 
-/// Equal token for token, except where the reference's top-2 gap is float noise
-/// (then the rest may legitimately differ).
-pub fn assert_matches(got: &[(u32, ModelIndex)], want: &[(u32, ModelIndex, f32)], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        if (g.0, g.1) != (w.0, w.1) {
-            assert!(w.2 < 1e-4, "{what}: token {k} differs ({g:?} vs {w:?}) with top-2 gap {}", w.2);
-            return;
-        }
-    }
+/// Equal to the reference, or parted where its top-2 gap was float noise.
+pub fn assert_matches(got: &[(u32, ModelIndex)], want: &ReferenceOutput, what: &str) {
+    want.check(got, 1e-4).unwrap_or_else(|e| panic!("{what}: {e}"));
 }
 
 /// A free loopback port (the kernel's pick, released for the child to take).

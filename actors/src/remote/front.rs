@@ -24,6 +24,8 @@ use crate::error::EngineError;
 
 /// Ask the node for a stats snapshot every this many heartbeats.
 const STATS_EVERY_TICKS: u64 = 5;
+/// Greet again after this many heartbeats without a welcome.
+const GREETING_RETRY_HEARTBEATS: u32 = 10;
 
 /// What `Engine::start` needs to wire a remote model like a local one.
 pub(crate) struct LinkStart {
@@ -67,6 +69,11 @@ pub(crate) async fn spawn_link(
 
 struct LinkActor;
 
+/// The link is stopping or gone (it dials from `pre_start`, while still starting).
+fn link_stopped(link: &ActorRef<LinkMsg>) -> bool {
+    matches!(link.get_status(), ActorStatus::Stopping | ActorStatus::Stopped)
+}
+
 struct Link {
     me: ActorRef<LinkMsg>,
     start: LinkStart,
@@ -83,8 +90,10 @@ struct Link {
     active: Option<usize>,
     snapshot: Option<SubserverSnapshot>,
     ticks: u64,
-    /// When the current node was greeted (cleared by its welcome).
+    /// When the current node was first greeted (cleared by its welcome).
     greeted: Option<Instant>,
+    /// When the greeting was last sent: it is sent again until a welcome comes.
+    last_greeting: Instant,
 }
 
 impl Actor for LinkActor {
@@ -113,6 +122,7 @@ impl Actor for LinkActor {
             snapshot: None,
             ticks: 0,
             greeted: None,
+            last_greeting: Instant::now(),
         };
         link.connect(link.start.config.connect_timeout, false);
         me.send_interval(link.start.config.heartbeat, || LinkMsg::Tick);
@@ -125,7 +135,8 @@ impl Actor for LinkActor {
             LinkMsg::Outbound(msg) => link.outbound(msg),
             LinkMsg::Frame(bytes) => link.inbound(&bytes),
             LinkMsg::Connected(epoch, result) if epoch == link.dial => link.connected(result),
-            LinkMsg::Connected(..) => {}
+            LinkMsg::Connected(_, Ok((stale, _))) => link.drop_stale(stale),
+            LinkMsg::Connected(_, Err(_)) => {}
             LinkMsg::Tick => link.tick(),
             LinkMsg::ResumeDeadline(epoch) if epoch == link.losses => link.give_up(),
             LinkMsg::ResumeDeadline(_) => {}
@@ -154,16 +165,23 @@ impl Link {
             loop {
                 let mut last = String::new();
                 for address in &addresses {
-                    match cluster::connect(&server.server, address, Instant::now() + first_timeout, tls.as_ref()).await
-                    {
+                    // A stopped link must not open sessions nobody will close.
+                    if link_stopped(&me) {
+                        return;
+                    }
+                    let deadline = Instant::now() + first_timeout;
+                    match cluster::connect(&server.server, address, deadline, tls.as_ref()).await {
                         Ok(node) => {
-                            let _ = me.send_message(LinkMsg::Connected(epoch, Ok(node)));
+                            let answer = LinkMsg::Connected(epoch, Ok((node.clone(), address.clone())));
+                            if me.send_message(answer).is_err() {
+                                cluster::drop_session(&server.server, &node).await;
+                            }
                             return;
                         }
                         Err(e) => last = e,
                     }
                 }
-                if !keep_trying || me.get_status() != ActorStatus::Running {
+                if !keep_trying || link_stopped(&me) {
                     let _ = me.send_message(LinkMsg::Connected(epoch, Err(last)));
                     return;
                 }
@@ -171,15 +189,26 @@ impl Link {
         });
     }
 
-    fn connected(&mut self, result: Result<ActorRef<NodeMsg>, String>) {
+    fn connected(&mut self, result: Result<(ActorRef<NodeMsg>, String), String>) {
         match result {
-            Ok(node) => {
-                tracing::info!(model = %self.name(), "node connected; greeting it");
+            Ok((node, address)) => {
+                tracing::info!(model = %self.name(), %address, "node connected; greeting it");
                 self.node = Some(node);
+                self.start.status.lock().serving = Some(address);
                 self.greeted = Some(Instant::now());
-                self.send(Frame::Hello(self.start.hello.clone()));
+                self.greet();
             }
             Err(message) => self.refused(message),
+        }
+    }
+
+    /// A dialing that was superseded still opened a session: close it, or the node
+    /// would hold two sessions from this front and could keep the wrong one.
+    fn drop_stale(&self, stale: ActorRef<NodeMsg>) {
+        let current = self.node.as_ref().map(|n| n.get_id().node());
+        if current != Some(stale.get_id().node()) {
+            let server = self.start.server.clone();
+            tokio::spawn(async move { cluster::drop_session(&server.server, &stale).await });
         }
     }
 
@@ -276,6 +305,9 @@ impl Link {
     }
 
     fn welcome(&mut self, w: Welcome) {
+        if self.greeted.is_none() {
+            return; // the answer to a repeated greeting: this node is up already
+        }
         let c = &self.start.model_config;
         if (w.vocab_size, w.hidden_size, w.num_layers) != (c.vocab_size, c.hidden_size, c.num_layers) {
             let message = format!(
@@ -342,7 +374,13 @@ impl Link {
         }
     }
 
+    fn greet(&mut self) {
+        self.last_greeting = Instant::now();
+        self.send(Frame::Hello(self.start.hello.clone()));
+    }
+
     fn tick(&mut self) {
+        self.greet_again();
         self.retry_silent_replacement();
         let node_gone = self.node.as_ref().is_some_and(|n| n.get_status() == ActorStatus::Stopped);
         let verdict = if node_gone { TickVerdict::Lost } else { self.health.tick(Instant::now()) };
@@ -357,6 +395,17 @@ impl Link {
                 }
             }
             TickVerdict::Lost => self.lost(),
+        }
+    }
+
+    /// A greeting whose welcome is overdue goes again (a node answers each one the
+    /// same). The node may have taken the first for a sibling session's, e.g. one a
+    /// stopped front in this process opened as it went.
+    fn greet_again(&mut self) {
+        let overdue = (self.start.config.heartbeat * GREETING_RETRY_HEARTBEATS).max(Duration::from_millis(500));
+        if self.greeted.is_some() && self.last_greeting.elapsed() >= overdue {
+            tracing::info!(model = %self.name(), "no welcome yet; greeting the node again");
+            self.greet();
         }
     }
 
@@ -392,7 +441,10 @@ impl Link {
         tracing::error!(model = %self.name(), requests = stranded.len(), "remote node lost; looking for a replacement");
         metrics::counter!("tokenrouter_cluster_node_losses_total", "model" => self.name().to_string()).increment(1);
         self.set_status(LinkState::Down);
-        self.start.status.lock().losses += 1;
+        let mut status = self.start.status.lock();
+        status.losses += 1;
+        status.serving = None;
+        drop(status);
         let epoch = self.losses;
         self.me.send_after(self.start.config.resume_timeout, move || LinkMsg::ResumeDeadline(epoch));
         self.connect(self.start.config.heartbeat.max(Duration::from_millis(500)), true);

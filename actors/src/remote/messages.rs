@@ -13,8 +13,8 @@ pub(crate) enum LinkMsg {
     Frame(Vec<u8>),
     /// From the engine: what the model's compute thread would have received.
     Outbound(ComputeMsg),
-    /// Dialing number `.0` ended.
-    Connected(u64, Result<ractor::ActorRef<NodeMsg>, String>),
+    /// Dialing number `.0` ended: the node's endpoint and the address it answered on.
+    Connected(u64, Result<(ractor::ActorRef<NodeMsg>, String), String>),
     /// Heartbeat timer.
     Tick,
     /// No replacement came within the resume time after loss number `.0`.

@@ -98,7 +98,10 @@ impl ClusterConfig {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct NodeStatus {
     pub model: String,
+    /// The configured node (the first address).
     pub node: String,
+    /// The address of the node serving now: the configured one or a replacement.
+    pub serving: Option<String>,
     pub state: LinkState,
     /// When `state` last changed.
     pub since: SystemTime,
@@ -119,6 +122,7 @@ impl NodeStatus {
         NodeStatus {
             model: remote.model.clone(),
             node: remote.node.clone(),
+            serving: None,
             state: LinkState::Connecting,
             since: SystemTime::now(),
             rtt_ms: None,
@@ -137,6 +141,8 @@ impl NodeStatus {
 pub(crate) struct FrontCluster {
     config: Arc<ClusterConfig>,
     server: Arc<cluster::ClusterServer>,
+    /// Unique to this front: its node name, and the stem of its links' reply groups.
+    name: String,
     hello_models: Vec<wire::ModelInfoWire>,
     pub statuses: Vec<Arc<Mutex<NodeStatus>>>,
 }
@@ -159,11 +165,17 @@ impl FrontCluster {
             .zip(&configs)
             .map(|(m, c)| wire::ModelInfoWire { name: m.name.clone(), hidden_size: c.hidden_size, vocab_size: vocab })
             .collect();
-        let name = format!("tokenrouter-front-{}", std::process::id());
+        let name = front_name();
         let server = cluster::start_server(cluster::front_listen(), &config.cookie, &name, None)
             .await
             .map_err(EngineError::Config)?;
-        Ok(FrontCluster { config: Arc::new(config), server: Arc::new(server), hello_models, statuses: Vec::new() })
+        Ok(FrontCluster {
+            config: Arc::new(config),
+            server: Arc::new(server),
+            name,
+            hello_models,
+            statuses: Vec::new(),
+        })
     }
 
     pub fn remote_for(&self, model: &str) -> Option<&RemoteModel> {
@@ -182,7 +194,8 @@ impl FrontCluster {
         let status = Arc::new(Mutex::new(NodeStatus::new(&remote)));
         self.statuses.push(status.clone());
         let hello = wire::Hello {
-            reply_group: format!("tokenrouter.front.{}.{index}", std::process::id()),
+            // A node finds the link by this group among every front's actors it sees.
+            reply_group: format!("{}.{index}", self.name),
             models: self.hello_models.clone(),
             model: index,
             policy_seed: self.config.policy_seed,
@@ -203,4 +216,15 @@ impl FrontCluster {
 fn model_config(spec: &ModelSpec) -> Result<ModelConfig, EngineError> {
     ModelConfig::from_file(&spec.path.join("config.json"))
         .map_err(|e| EngineError::ModelLoad { model: spec.name.clone(), message: e.to_string() })
+}
+
+/// A name no other front shares. A node keeps one session per peer name and finds a
+/// front's links by group name, so two fronts with one name (two engines in a process,
+/// or containers where every front is pid 1) would lose a session or get each other's
+/// replies.
+fn front_name() -> String {
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("tokenrouter-front-{}-{nanos:x}-{n}", std::process::id())
 }

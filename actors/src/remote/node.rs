@@ -102,8 +102,8 @@ struct Endpoint {
     front_models: Option<Vec<super::wire::ModelInfoWire>>,
     book: Option<NodeBook>,
     hosted: HashMap<usize, Hosted>,
-    /// The front's link for each hosted model.
-    links: HashMap<usize, ActorRef<LinkMsg>>,
+    /// The front's link for each hosted model, and the group it was found in.
+    links: HashMap<usize, (String, ActorRef<LinkMsg>)>,
     turn: Option<Arc<parking_lot::Mutex<()>>>,
 }
 
@@ -203,7 +203,7 @@ impl Endpoint {
         match self.host(&hello).await {
             Ok(welcome) => {
                 tracing::info!(model = %hello.models[hello.model].name, "serving a front");
-                self.links.insert(hello.model, link);
+                self.links.insert(hello.model, (hello.reply_group.clone(), link));
                 self.reply(hello.model, Frame::Welcome(welcome));
             }
             Err(message) => {
@@ -339,7 +339,7 @@ impl Endpoint {
     }
 
     fn reply(&self, model: usize, frame: Frame) {
-        if let Some(link) = self.links.get(&model) {
+        if let Some((_, link)) = self.links.get(&model) {
             send_to(link, frame);
         }
     }
@@ -347,7 +347,17 @@ impl Endpoint {
     /// A front whose session ended will never release its requests: free them here.
     fn forget_departed_fronts(&mut self) {
         let before = self.links.len();
-        self.links.retain(|_, link| link.get_status() != ActorStatus::Stopped);
+        // A link seen through a session that ended may still be reachable through
+        // another one (the front redialed): look for it in its group before giving up.
+        self.links.retain(|_, (group, link)| {
+            if link.get_status() == ActorStatus::Stopped {
+                match live_member(group) {
+                    Some(found) => *link = found,
+                    None => return false,
+                }
+            }
+            true
+        });
         if before > 0 && self.links.is_empty() {
             let ids = self.book.as_mut().map(NodeBook::take_all).unwrap_or_default();
             tracing::warn!(requests = ids.len(), "the front left; freeing its requests");
@@ -361,6 +371,14 @@ impl Endpoint {
     }
 }
 
+/// A member of `group` that is not stopped.
+fn live_member(group: &str) -> Option<ActorRef<LinkMsg>> {
+    ractor::pg::get_members(&group.to_string())
+        .into_iter()
+        .find(|cell| cell.get_status() != ActorStatus::Stopped)
+        .map(ActorRef::from)
+}
+
 /// Frames are counted on the front, which sees both directions (a node has no metrics endpoint).
 fn send_to(link: &ActorRef<LinkMsg>, frame: Frame) {
     let _ = link.send_message(LinkMsg::Frame(frame.encode()));
@@ -370,8 +388,8 @@ fn send_to(link: &ActorRef<LinkMsg>, frame: Frame) {
 async fn find_front(group: &str) -> Option<ActorRef<LinkMsg>> {
     let deadline = std::time::Instant::now() + FIND_FRONT;
     loop {
-        if let Some(cell) = ractor::pg::get_members(&group.to_string()).into_iter().next() {
-            return Some(ActorRef::from(cell));
+        if let Some(link) = live_member(group) {
+            return Some(link);
         }
         if std::time::Instant::now() >= deadline {
             return None;

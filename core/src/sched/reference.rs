@@ -30,6 +30,23 @@ impl ReferenceOutput {
     pub fn ids(&self) -> Vec<u32> {
         self.tokens.iter().map(|t| t.token).collect()
     }
+
+    /// Whether `got` (token, model) is this output: equal token for token, or equal up
+    /// to a token where the reference's top-2 gap is under `gap` — float noise there
+    /// lets another correct implementation pick differently, and the rest then differs.
+    pub fn check(&self, got: &[(u32, ModelIndex)], gap: f32) -> std::result::Result<(), String> {
+        if got.len() != self.tokens.len() {
+            return Err(format!("{} tokens where the reference has {}", got.len(), self.tokens.len()));
+        }
+        let first_difference = got.iter().zip(&self.tokens).position(|(g, w)| *g != (w.token, w.model));
+        match first_difference {
+            Some(k) if self.tokens[k].top2_gap >= gap => Err(format!(
+                "token {k} differs ({:?} vs the reference's ({}, {})) with top-2 gap {}",
+                got[k], self.tokens[k].token, self.tokens[k].model, self.tokens[k].top2_gap
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 pub struct Reference<'a> {
@@ -125,4 +142,24 @@ pub fn top2_gap(logits: &[f32]) -> f32 {
         }
     }
     a - b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(tokens: &[(u32, ModelIndex, f32)]) -> ReferenceOutput {
+        let tokens = tokens.iter().map(|&(token, model, top2_gap)| ReferenceToken { token, model, top2_gap }).collect();
+        ReferenceOutput { tokens, finish: FinishReason::Length, switches: 0 }
+    }
+
+    #[test]
+    fn outputs_may_part_only_where_the_reference_was_a_near_tie() {
+        let want = output(&[(5, 0, 1.0), (6, 1, 1e-6), (7, 1, 1.0)]);
+        assert_eq!(want.check(&[(5, 0), (6, 1), (7, 1)], 1e-4), Ok(()));
+        assert_eq!(want.check(&[(5, 0), (9, 1), (2, 0)], 1e-4), Ok(()), "parted at the near tie");
+        assert!(want.check(&[(5, 0), (6, 1), (8, 1)], 1e-4).unwrap_err().contains("token 2"));
+        assert!(want.check(&[(5, 1), (6, 1), (7, 1)], 1e-4).is_err(), "the same token from another model");
+        assert!(want.check(&[(5, 0), (6, 1)], 1e-4).unwrap_err().contains("2 tokens"));
+    }
 }
