@@ -114,7 +114,7 @@ impl Client {
     /// A plain (unstreamed) JSON call: the reply's body, or why there is none.
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<Value, String> {
         let url = self.target.url(path);
-        let response = self.http.post(&url).json(body).send().await.map_err(|e| chain(&e))?;
+        let response = self.post(&url, body).await?;
         let status = response.status();
         let text = response.text().await.map_err(|e| format!("reading the reply: {}", chain(&e)))?;
         let value = serde_json::from_str::<Value>(&text);
@@ -123,6 +123,18 @@ impl Client {
             return Err(format!("HTTP {}: {message}", status.as_u16()));
         }
         value.map_err(|e| format!("unreadable reply ({e}): {text}"))
+    }
+
+    /// POSTs `body`, once more on a fresh connection when a pooled one was closed by
+    /// the server as the request went out (llama-server closes keep-alive connections
+    /// after a few requests): no response came, so the server did not take it.
+    async fn post(&self, url: &str, body: &Value) -> Result<reqwest::Response, String> {
+        match self.http.post(url).json(body).send().await {
+            Err(e) if e.is_request() && !e.is_timeout() && e.status().is_none() => {
+                self.http.post(url).json(body).send().await.map_err(|e| chain(&e))
+            }
+            other => other.map_err(|e| chain(&e)),
+        }
     }
 
     /// The request body for a conversation.
@@ -171,7 +183,7 @@ impl Client {
     /// returns, which is right after `[DONE]` for a well-behaved server.
     async fn stream(&self, body: &Value, sent: Instant, tally: &mut StreamTally) -> Result<(), String> {
         let url = self.target.url(self.options.endpoint.path());
-        let response = self.http.post(&url).json(body).send().await.map_err(|e| chain(&e))?;
+        let response = self.post(&url, body).await?;
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
@@ -259,6 +271,47 @@ mod tests {
         let body = client(Endpoint::Completions).body(&conversation(), 4, 1);
         assert_eq!(body["prompt"], "first\n\nanswer\n\nsecond");
         assert!(body.get("messages").is_none());
+    }
+
+    /// Reads one HTTP request (headers and a Content-Length body) from `stream`.
+    fn read_request(stream: &mut std::net::TcpStream) {
+        use std::io::Read;
+        let mut seen = Vec::new();
+        let mut byte = [0u8; 1];
+        while !seen.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).unwrap();
+            seen.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&seen).to_lowercase();
+        let length =
+            head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
+        stream.read_exact(&mut vec![0u8; length]).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_server_closes_unanswered_goes_again() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let reply = |n: u32| {
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 7\r\n\r\n{{\"n\":{n}}}")
+            };
+            let (mut kept, _) = listener.accept().unwrap();
+            read_request(&mut kept);
+            kept.write_all(reply(1).as_bytes()).unwrap();
+            // The client pools this connection; its next request is read, then the
+            // connection closes unanswered, as a server at its keep-alive limit does.
+            read_request(&mut kept);
+            drop(kept);
+            let (mut fresh, _) = listener.accept().unwrap();
+            read_request(&mut fresh);
+            fresh.write_all(reply(2).as_bytes()).unwrap();
+        });
+        let c = Client::new(Target::parse(&url).unwrap(), client(Endpoint::Completions).options().clone()).unwrap();
+        assert_eq!(c.post_json("/completion", &json!({})).await, Ok(json!({ "n": 1 })));
+        assert_eq!(c.post_json("/completion", &json!({})).await, Ok(json!({ "n": 2 })));
+        server.join().unwrap();
     }
 
     #[tokio::test]
