@@ -42,7 +42,7 @@ async fn main() -> anyhow::Result<()> {
     for (name, hidden, seed) in [("small", 64, 1), ("large", 128, 2)] {
         let path = dir.join(name);
         write_random_model(&qwen3_shaped(hidden, 2, 4, 2, 2 * hidden, 1000), &InitOptions { seed, std: 0.2 }, &path)?;
-        models.push(ModelSpec { name: name.into(), path, load: LoadOptions::default(), threads: None });
+        models.push(ModelSpec { name: name.into(), path, load: LoadOptions::default() });
     }
     let policy: Arc<dyn Policy> = Arc::new(EveryEighth);
     let engine = Engine::start(EngineConfig {

@@ -104,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
         if !path.join("model.safetensors").is_file() {
             write_random_model(&preset("tiny").unwrap(), &InitOptions { seed, std: 0.02 }, &path)?;
         }
-        models.push(ModelSpec { name: name.into(), path, load: LoadOptions::default(), threads: None });
+        models.push(ModelSpec { name: name.into(), path, load: LoadOptions::default() });
     }
     let infos: Vec<ModelInfo> =
         models.iter().map(|m| ModelInfo { name: m.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();

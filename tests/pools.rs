@@ -31,7 +31,7 @@ fn tiny_engine_config(tokenizer: &std::path::Path) -> (EngineConfig, TempDir) {
     write_random_model(&config, &InitOptions { seed: 5, std: 0.1 }, dir.path()).unwrap();
     copy_tokenizer(tokenizer, dir.path()).unwrap();
     let load = LoadOptions { kv_budget_bytes: 4 << 20, ..LoadOptions::default() };
-    let spec = ModelSpec { name: "m".into(), path: dir.path().to_path_buf(), load, threads: None };
+    let spec = ModelSpec { name: "m".into(), path: dir.path().to_path_buf(), load };
     let info = ModelInfo { name: "m".into(), hidden_size: 64, vocab_size: 151_936 };
     let default_policy = policy::build("always", &json!({}), &[info], &PolicyContext::default()).unwrap();
     let engine = EngineConfig {

@@ -66,8 +66,7 @@ fn spec(name: &str, path: &PathBuf, threads: Option<usize>) -> ModelSpec {
     ModelSpec {
         name: name.into(),
         path: path.clone(),
-        load: LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() },
-        threads,
+        load: LoadOptions { kv_budget_bytes: 1 << 30, threads, ..LoadOptions::default() },
     }
 }
 

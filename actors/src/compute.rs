@@ -83,7 +83,7 @@ pub(crate) fn spawn(
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
                 let work =
                     ComputeLoop { sub: Subserver::new(config, backend, rule), links, restarts: 0, panic_next: false };
-                match own_pool(spec.threads) {
+                match own_pool(spec.load.threads) {
                     Some(pool) => pool.install(|| work.run(&rx)),
                     None => work.run(&rx),
                 }

@@ -14,11 +14,8 @@ pub struct ModelSpec {
     pub name: String,
     /// A Hugging Face model folder.
     pub path: PathBuf,
+    /// How to load it, its compute threads (`load.threads`) included.
     pub load: LoadOptions,
-    /// Compute threads of this model's own pool; `None` shares the process pool.
-    /// On a small CPU, pinning models to disjoint thread sets stops their steps from
-    /// time-slicing each other.
-    pub threads: Option<usize>,
 }
 
 /// Per-subserver step limits.

@@ -66,12 +66,7 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
             .dirs
             .iter()
             .enumerate()
-            .map(|(i, d)| ModelSpec {
-                name: format!("m{i}"),
-                path: d.path().to_path_buf(),
-                load: m.load[i].clone(),
-                threads: None,
-            })
+            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: m.load[i].clone() })
             .collect(),
         default_policy: policy,
         batching: BatchingRule::fixed(thresholds),

@@ -22,7 +22,6 @@ async fn qwen3_engine() -> Option<(Engine, TempDir)> {
             name: "m0".into(),
             path: dir.path().to_path_buf(),
             load: LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() },
-            threads: None,
         }],
         default_policy: policy::build("always", &serde_json::json!({}), &[info], &PolicyContext::default()).unwrap(),
         batching: BatchingRule::eager(1),

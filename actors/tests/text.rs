@@ -40,7 +40,6 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
                 name: format!("m{i}"),
                 path: d.path().to_path_buf(),
                 load: LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() },
-                threads: None,
             })
             .collect(),
         default_policy: policy::build(name, &params, &infos, &PolicyContext::default()).unwrap(),

@@ -202,7 +202,6 @@ fn spec(args: &SweepArgs) -> anyhow::Result<SweepSpec> {
                 threads: args.model_threads.as_ref().map(|t| t[i]),
                 ..load.clone()
             },
-            threads: args.model_threads.as_ref().map(|t| t[i]),
         })
         .collect();
     Ok(SweepSpec {

@@ -89,7 +89,6 @@ impl ServerConfig {
                     backend: m.backend,
                     threads: m.threads,
                 },
-                threads: m.threads,
             })
             .collect();
         let engine = EngineConfig {

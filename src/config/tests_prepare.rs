@@ -151,7 +151,7 @@ scheduler: {thresholds: {large: 2}, max_wait_ms: 5, max_batch_rows: 8, prefill_c
         (load.dtype, load.kv_budget_bytes, load.block_size),
         (tokenrouter_core::model::WeightDtype::F16, 8 << 20, 32)
     );
-    assert_eq!(engine.models[0].threads, Some(1));
+    assert_eq!(engine.models[0].load.threads, Some(1));
     assert_eq!(engine.default_policy.name(), "r2r");
     assert!(engine.exclusive_compute);
     assert_eq!(

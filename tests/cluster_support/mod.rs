@@ -61,12 +61,7 @@ pub fn engine_config(m: &Models, thresholds: &[usize]) -> EngineConfig {
             .dirs
             .iter()
             .enumerate()
-            .map(|(i, d)| ModelSpec {
-                name: format!("m{i}"),
-                path: d.path().to_path_buf(),
-                load: load_options(),
-                threads: None,
-            })
+            .map(|(i, d)| ModelSpec { name: format!("m{i}"), path: d.path().to_path_buf(), load: load_options() })
             .collect(),
         default_policy: random_policy(),
         batching: BatchingRule::fixed(thresholds),

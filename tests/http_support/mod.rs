@@ -87,7 +87,7 @@ impl TestServer {
             write_random_model(&config, &InitOptions { seed: first_seed + i as u64, std: 0.1 }, dir.path()).unwrap();
             copy_tokenizer(&tokenizer, dir.path()).unwrap();
             let load = LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() };
-            specs.push(ModelSpec { name: name.to_string(), path: dir.path().to_path_buf(), load, threads: None });
+            specs.push(ModelSpec { name: name.to_string(), path: dir.path().to_path_buf(), load });
             models.push(dir);
         }
         let infos: Vec<ModelInfo> =

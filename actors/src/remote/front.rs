@@ -441,10 +441,7 @@ impl Link {
         tracing::error!(model = %self.name(), requests = stranded.len(), "remote node lost; looking for a replacement");
         metrics::counter!("tokenrouter_cluster_node_losses_total", "model" => self.name().to_string()).increment(1);
         self.set_status(LinkState::Down);
-        let mut status = self.start.status.lock();
-        status.losses += 1;
-        status.serving = None;
-        drop(status);
+        self.start.status.lock().losses += 1;
         let epoch = self.losses;
         self.me.send_after(self.start.config.resume_timeout, move || LinkMsg::ResumeDeadline(epoch));
         self.connect(self.start.config.heartbeat.max(Duration::from_millis(500)), true);
@@ -499,5 +496,8 @@ impl Link {
         let mut status = self.start.status.lock();
         status.state = state;
         status.since = std::time::SystemTime::now();
+        if matches!(state, LinkState::Down | LinkState::Failed) {
+            status.serving = None;
+        }
     }
 }

@@ -184,8 +184,10 @@ pub struct LoadOptions {
     /// Token slots per KV block.
     pub block_size: usize,
     pub backend: BackendKind,
-    /// Compute threads of the llama.cpp backend; `None`: the process's count
-    /// (see [`threads`](super::threads)). candle runs on the rayon pool it is called in.
+    /// This model's compute threads: its own rayon pool in the engine (candle), or its
+    /// llama.cpp context's. `None`: the process pool, or the process's count (see
+    /// [`threads`](super::threads)). On a small CPU, pinning models to disjoint thread
+    /// sets stops their steps from time-slicing each other.
     pub threads: Option<usize>,
 }
 
@@ -210,10 +212,7 @@ pub struct CandleBackend {
 
 impl CandleBackend {
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
-        let config = ModelConfig::from_file(&dir.join("config.json")).or_else(|e| match e {
-            ModelError::MissingFile(_) if !dir.is_dir() => Err(ModelError::MissingFolder(dir.to_path_buf())),
-            other => Err(other),
-        })?;
+        let config = folder_config(dir)?;
         let dtype = options.dtype.candle()?;
         let ckpt = Checkpoint::open(dir, dtype)?;
         let model = Transformer::load(config, &ckpt, dtype)?;
@@ -366,8 +365,13 @@ pub fn read_model_config(path: &Path) -> Result<ModelConfig> {
     if is_gguf_file(path) {
         return read_gguf_config(path);
     }
-    if !path.is_dir() {
-        return Err(ModelError::MissingFolder(path.to_path_buf()));
-    }
-    ModelConfig::from_file(&path.join("config.json"))
+    folder_config(path)
+}
+
+/// An HF folder's config.json; a path that is no folder says so.
+fn folder_config(dir: &Path) -> Result<ModelConfig> {
+    ModelConfig::from_file(&dir.join("config.json")).map_err(|e| match e {
+        ModelError::MissingFile(_) if !dir.is_dir() => ModelError::MissingFolder(dir.to_path_buf()),
+        other => other,
+    })
 }

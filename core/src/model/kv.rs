@@ -53,7 +53,6 @@ impl KvCapacity {
 
 impl BlockPool {
     pub fn new(total_blocks: usize, block_size: usize) -> Self {
-        // Pop from the end hands out low ids first, which keeps early storage hot.
         Self::with_trims(total_blocks, block_size, None)
     }
 

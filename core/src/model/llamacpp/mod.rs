@@ -14,11 +14,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::backend::{check_rows, reserve_rows, Backend, ForwardOutput, LoadOptions, RowInput};
+use super::backend::{check_rows, read_model_config, reserve_rows, Backend, ForwardOutput, LoadOptions, RowInput};
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::gguf::write_gguf;
-use super::gguf_read::{is_gguf_file, read_gguf_config};
+use super::gguf_read::is_gguf_file;
 use super::kv::{BlockPool, Trim};
 use ffi::{Batch, Context, ContextSpec, DecodeFailure, Model};
 
@@ -42,15 +42,8 @@ pub struct LlamaCppBackend {
 impl LlamaCppBackend {
     /// Loads a GGUF file, or an HF folder written to GGUF in `options.dtype` first.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
-        let (config, model) = if is_gguf_file(path) {
-            (read_gguf_config(path)?, Model::load(path)?)
-        } else {
-            let config = ModelConfig::from_file(&path.join("config.json")).or_else(|e| match e {
-                ModelError::MissingFile(_) if !path.is_dir() => Err(ModelError::MissingFolder(path.to_path_buf())),
-                other => Err(other),
-            })?;
-            (config, load_converted(path, options)?)
-        };
+        let config = read_model_config(path)?;
+        let model = if is_gguf_file(path) { Model::load(path)? } else { load_converted(path, options)? };
         let llama_vocab = model.vocab_size();
         if llama_vocab < config.vocab_size || model.hidden_size() != config.hidden_size {
             return Err(ModelError::LlamaCpp(format!(
