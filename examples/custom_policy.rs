@@ -50,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         default_policy: policy.clone(),
         batching: BatchingRule::eager(2),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     })

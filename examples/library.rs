@@ -30,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
         default_policy: Arc::clone(&random),
         batching: BatchingRule::eager(2),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     })

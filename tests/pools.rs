@@ -39,6 +39,7 @@ fn tiny_engine_config(tokenizer: &std::path::Path) -> (EngineConfig, TempDir) {
         default_policy,
         batching: BatchingRule::eager(1),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     };

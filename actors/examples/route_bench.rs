@@ -163,6 +163,7 @@ async fn main() {
         default_policy: random.clone(),
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: a.exclusive,
         replan: None,
     };
@@ -171,6 +172,7 @@ async fn main() {
         default_policy: always.clone(),
         batching: BatchingRule::fixed(&[1]),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     };

@@ -1,16 +1,28 @@
 //! The compute thread of one subserver: it owns the model, its KV and the scheduling
-//! state, and never shares them. Control, arrivals and handoffs reach it over a
-//! bounded flume channel; tokens leave to request actors, moving requests straight to
-//! the peer's compute thread.
+//! state, and never shares them. Everything about a request reaches it through its
+//! one bounded inbox, in order — admissions and resumes from the request's owner,
+//! moves from peers' compute threads, releases — and it refuses an arrival for a
+//! request that has already ended, so a release that overtakes a move cannot leave
+//! KV behind. Tokens leave to request actors; moving requests go straight to the
+//! peer's compute thread.
+//!
+//! The thread supervises itself: a panic in a step or in message handling is caught,
+//! the requests it interrupted are rebuilt from their committed tokens (their owners
+//! send them again from position 0), every other request recomputes its KV, and the
+//! model serves on with the same weights. A model that keeps panicking is taken out
+//! of service: its requests, and every later one that needs it, fail with a clear
+//! error instead of hanging.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use tokenrouter_core::model::{load_backend, KvCapacity, ModelConfig};
 use tokenrouter_core::sched::{
-    Arrival, BatchingRule, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig, SubserverStats,
+    Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver,
+    SubserverConfig, SubserverStats,
 };
 
 use crate::config::ModelSpec;
@@ -21,6 +33,10 @@ use crate::registry::Registry;
 /// this only guards against a runaway producer.
 pub(crate) const INBOX_CAPACITY: usize = 65_536;
 
+/// Panics within [`PANIC_WINDOW`] after which a model gives up.
+const MAX_PANICS: usize = 5;
+const PANIC_WINDOW: Duration = Duration::from_secs(60);
+
 pub(crate) enum ComputeMsg {
     /// The engine-wide settings, once every model has loaded.
     Start(SubserverConfig, BatchingRule),
@@ -29,9 +45,21 @@ pub(crate) enum ComputeMsg {
     SetActive(usize),
     SetRule(BatchingRule),
     Stats(Sender<SubserverSnapshot>),
-    /// Test hook: the next step panics, as a bug in model code would.
-    InjectPanic,
+    /// Test hook: panic at a chosen point, as a bug would.
+    InjectFault(Fault),
     Shutdown,
+}
+
+/// Where an injected panic strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// The next step, before its forward.
+    Step,
+    /// The next step, after its first row's decision was applied.
+    MidApply,
+    /// The handling of the next arrival, after the subserver took it in.
+    Message,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -43,6 +71,12 @@ pub struct SubserverSnapshot {
     pub kv: KvCapacity,
     pub stats: SubserverStats,
     pub restarts: u64,
+    /// Requests rebuilt here from their committed tokens after a restart.
+    #[serde(default)]
+    pub resumed: u64,
+    /// Out of service after repeated panics.
+    #[serde(default)]
+    pub failed: bool,
 }
 
 /// What a loaded model reports before serving.
@@ -81,8 +115,7 @@ pub(crate) fn spawn(
             };
             let _ = loaded_tx.send(Ok(Loaded { config: backend.config().clone(), capacity: backend.kv_capacity() }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
-                let work =
-                    ComputeLoop { sub: Subserver::new(config, backend, rule), links, restarts: 0, panic_next: false };
+                let work = ComputeLoop::new(Subserver::new(config, backend, rule), links);
                 match own_pool(spec.load.threads) {
                     Some(pool) => pool.install(|| work.run(&rx)),
                     None => work.run(&rx),
@@ -104,15 +137,56 @@ fn own_pool(threads: Option<usize>) -> Option<rayon::ThreadPool> {
     }
 }
 
+/// The message being handled, to undo it if its handling panics.
+enum Handling {
+    Arrive(Checkpoint),
+    Release(RequestId),
+}
+
+#[derive(Default)]
+struct Health {
+    restarts: u64,
+    resumed: u64,
+    recent_panics: VecDeque<Instant>,
+    failed: bool,
+}
+
+impl Health {
+    /// Counts a panic; false when the model has panicked too often to go on.
+    fn panicked(&mut self, now: Instant) -> bool {
+        self.recent_panics.push_back(now);
+        while self.recent_panics.front().is_some_and(|&t| now.duration_since(t) > PANIC_WINDOW) {
+            self.recent_panics.pop_front();
+        }
+        self.recent_panics.len() <= MAX_PANICS
+    }
+}
+
 struct ComputeLoop {
     sub: Subserver,
     links: ComputeLinks,
-    restarts: u64,
-    panic_next: bool,
+    health: Health,
+    handling: Option<Handling>,
+    fault_on_message: bool,
 }
 
 impl ComputeLoop {
+    fn new(sub: Subserver, links: ComputeLinks) -> Self {
+        ComputeLoop { sub, links, health: Health::default(), handling: None, fault_on_message: false }
+    }
+
     fn run(mut self, rx: &Receiver<ComputeMsg>) {
+        loop {
+            match catch_unwind(AssertUnwindSafe(|| self.serve(rx))) {
+                Ok(()) => return,
+                Err(_) if self.recover() => continue,
+                Err(_) => return self.serve_out_of_service(rx),
+            }
+        }
+    }
+
+    /// The loop proper; returns on shutdown.
+    fn serve(&mut self, rx: &Receiver<ComputeMsg>) {
         loop {
             loop {
                 match rx.try_recv() {
@@ -149,13 +223,9 @@ impl ComputeLoop {
     /// Applies one message; false when the thread should end.
     fn handle(&mut self, msg: ComputeMsg) -> bool {
         match msg {
-            ComputeMsg::Arrive(arrival) => {
-                let id = arrival.spec.id;
-                if let Err(e) = self.sub.arrive(arrival) {
-                    self.notify(RequestEvent::Failed { id, message: format!("model {}: {e}", self.links.name) });
-                }
-            }
+            ComputeMsg::Arrive(arrival) => self.arrive(arrival),
             ComputeMsg::Release(id) => {
+                self.handling = Some(Handling::Release(id));
                 self.sub.release(id);
             }
             ComputeMsg::SetActive(n) => self.sub.set_active(n),
@@ -163,44 +233,114 @@ impl ComputeLoop {
             ComputeMsg::Stats(reply) => {
                 let _ = reply.send(self.snapshot());
             }
-            ComputeMsg::InjectPanic => self.panic_next = true,
+            ComputeMsg::InjectFault(Fault::Step) => self.sub.inject_fault(FaultPoint::BeforeForward),
+            ComputeMsg::InjectFault(Fault::MidApply) => self.sub.inject_fault(FaultPoint::MidApply),
+            ComputeMsg::InjectFault(Fault::Message) => self.fault_on_message = true,
             ComputeMsg::Start(..) => {}
             ComputeMsg::Shutdown => return false,
         }
+        self.handling = None;
         true
     }
 
+    fn arrive(&mut self, arrival: Arrival) {
+        let id = arrival.spec.id;
+        if !self.links.registry.is_live(id) {
+            // It ended while this arrival was on its way: nothing may stay here.
+            self.sub.release(id);
+            return;
+        }
+        self.handling = Some(Handling::Arrive(Checkpoint::of_arrival(&arrival)));
+        if let Err(e) = self.sub.arrive(arrival) {
+            self.notify(RequestEvent::Failed { id, message: format!("model {}: {e}", self.links.name) });
+        }
+        if std::mem::take(&mut self.fault_on_message) {
+            panic!("injected fault while handling an arrival");
+        }
+    }
+
     fn step(&mut self) {
-        let inject = std::mem::take(&mut self.panic_next);
         let turn = self.links.turn.clone();
         let guard = turn.as_ref().map(|t| t.lock());
-        let sub = &mut self.sub;
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            if inject {
-                panic!("injected fault");
-            }
-            sub.step()
-        }));
+        let outcome = self.sub.step();
         // Fair hand-over: a waiting model gets the next turn.
         if let Some(guard) = guard {
             parking_lot::MutexGuard::unlock_fair(guard);
         }
-        match result {
-            Ok(outcome) => self.dispatch(outcome),
-            Err(_) => self.restart(),
+        self.dispatch(outcome);
+    }
+
+    /// After a panic: take out what it interrupted, have the owners of those requests
+    /// send them again from their committed tokens, and serve on. False when the model
+    /// has panicked too often and gives up.
+    fn recover(&mut self) -> bool {
+        let name = self.links.name.clone();
+        self.health.restarts += 1;
+        metrics::counter!("tokenrouter_subserver_restarts_total", "model" => name.clone()).increment(1);
+        if !self.health.panicked(Instant::now()) {
+            tracing::error!(model = %name, "compute panicked {MAX_PANICS}+ times within a minute; out of service");
+            self.give_up();
+            return false;
+        }
+        tracing::error!(model = %name, "compute panicked; restarting the subserver and resuming its requests");
+        let mut lost = self.sub.recover();
+        match self.handling.take() {
+            Some(Handling::Arrive(checkpoint)) => {
+                self.sub.release(checkpoint.spec.id);
+                lost.retain(|c| c.spec.id != checkpoint.spec.id);
+                lost.push(checkpoint);
+            }
+            Some(Handling::Release(id)) => {
+                self.sub.release(id);
+            }
+            None => {}
+        }
+        let leaked = self.sub.backend().kv_capacity().used_blocks();
+        if leaked > 0 && self.sub.resident_ids().is_empty() {
+            tracing::error!(model = %name, leaked, "KV blocks did not come back after the panic");
+        }
+        let model = self.sub.model();
+        for checkpoint in lost {
+            self.health.resumed += 1;
+            self.notify(checkpoint.resume_event(model));
+        }
+        true
+    }
+
+    /// Ends every request this model holds, or was handling, with an error.
+    fn give_up(&mut self) {
+        self.health.failed = true;
+        let mut ids = self.sub.reset();
+        if let Some(Handling::Arrive(c)) = self.handling.take() {
+            ids.push(c.spec.id);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            self.notify(RequestEvent::Failed { id, message: self.out_of_service() });
         }
     }
 
-    /// After a panic the scheduling state cannot be trusted: start afresh on the same
-    /// weights and end every request this model held with a clear error.
-    fn restart(&mut self) {
-        self.restarts += 1;
-        tracing::error!(model = %self.links.name, "compute step panicked; restarting the subserver");
-        metrics::counter!("tokenrouter_subserver_restarts_total", "model" => self.links.name.clone()).increment(1);
-        for id in self.sub.reset() {
-            let message = format!("model {} failed while holding this request and restarted", self.links.name);
-            self.notify(RequestEvent::Failed { id, message });
+    fn out_of_service(&self) -> String {
+        format!("model {} failed repeatedly and is out of service", self.links.name)
+    }
+
+    /// What is left of a model that gave up: it answers, and fails what needs it.
+    fn serve_out_of_service(mut self, rx: &Receiver<ComputeMsg>) {
+        while let Ok(msg) = rx.recv() {
+            match msg {
+                ComputeMsg::Arrive(arrival) => {
+                    let id = arrival.spec.id;
+                    self.notify(RequestEvent::Failed { id, message: self.out_of_service() });
+                }
+                ComputeMsg::Stats(reply) => {
+                    let _ = reply.send(self.snapshot());
+                }
+                ComputeMsg::Shutdown => return,
+                _ => {}
+            }
         }
+        self.health.failed = true;
     }
 
     fn dispatch(&mut self, outcome: StepOutcome) {
@@ -211,8 +351,10 @@ impl ComputeLoop {
         }
         let peers = self.links.peers.get().expect("peers are set before serving");
         for (to, arrival) in outcome.handoffs {
+            let id = arrival.spec.id;
             if peers[to].send(ComputeMsg::Arrive(arrival)).is_err() {
-                tracing::warn!(model = %self.links.name, to, "peer subserver is gone");
+                let message = format!("model {} is gone", self.links.model_names[to]);
+                self.notify(RequestEvent::Failed { id, message });
             }
         }
     }
@@ -254,7 +396,9 @@ impl ComputeLoop {
             threshold: self.sub.threshold(),
             kv: self.sub.backend().kv_capacity(),
             stats: self.sub.stats().clone(),
-            restarts: self.restarts,
+            restarts: self.health.restarts,
+            resumed: self.health.resumed,
+            failed: self.health.failed,
         }
     }
 }

@@ -8,6 +8,8 @@ use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::planner::ReplanConfig;
 use tokenrouter_core::sched::BatchingRule;
 
+pub use crate::kv_manager::AdmissionConfig;
+
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
     /// Name requests and metrics use.
@@ -46,4 +48,6 @@ pub struct EngineConfig {
     /// Re-estimate routing and step latency from the engine's own counters on a timer
     /// and switch thresholds when the planner predicts a gain (opt-in).
     pub replan: Option<ReplanConfig>,
+    /// KV reservations, the admission queue and time limits.
+    pub admission: AdmissionConfig,
 }

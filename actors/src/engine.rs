@@ -1,42 +1,48 @@
 //! The engine: the library API (`start`, `generate`, `shutdown`) and the supervisor
 //! of the actor tree (one subserver per model, the KV manager, request actors).
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use futures::Stream;
+use flume::Sender;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokenrouter_core::model::{KvCapacity, ModelConfig};
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::planner::Replanner;
-use tokenrouter_core::sched::request::admit;
-use tokenrouter_core::sched::{BatchingRule, RequestId, RequestSpec, SubserverConfig};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId, RequestSpec, SubserverConfig};
+use tokio::sync::mpsc::unbounded_channel;
 
-use crate::compute::{self, ComputeLinks, SubserverSnapshot};
-use crate::config::EngineConfig;
+use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, SubserverSnapshot};
+use crate::config::{AdmissionConfig, EngineConfig};
 use crate::error::EngineError;
-use crate::events::{GenerateRequest, GenerationEvent};
-use crate::kv_manager::{KvManager, KvManagerArgs, KvMsg, KvUsage};
+use crate::events::{GenerateRequest, GenerationEvent, Usage};
+use crate::kv_manager::{KvAdmission, KvLedger, KvUsage, Ticket};
+pub use crate::launch::GenerationStream;
+use crate::launch::{Launch, Reservation, StreamLink};
 use crate::registry::Registry;
 use crate::remote::{self, ClusterConfig, NodeStatus};
 use crate::replan::{ReplanActor, ReplanArgs, ReplanMsg};
-use crate::request::{RequestActor, RequestArgs, RequestMsg, TextStream};
-use crate::subserver::{SubserverActor, SubserverArgs, SubserverMsg};
+use crate::request::{RequestCore, RequestMsg, TextStream};
 use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
 use tokenrouter_core::tokenize::incremental::SessionConfig;
 use tokenrouter_core::tokenize::{
     shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError,
 };
 
+/// How long a stats or tokenizer call may take before the caller gives up on it.
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+const TOKENIZE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// State every request actor and the engine handle share.
 pub struct EngineShared {
     names: Vec<String>,
     configs: Vec<ModelConfig>,
-    subservers: Vec<ActorRef<SubserverMsg>>,
-    kv: ActorRef<KvMsg>,
+    /// Each model's one ordered inbox (a compute thread, or a remote model's link).
+    computes: Vec<Sender<ComputeMsg>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    kv: KvAdmission,
+    admission: AdmissionConfig,
     registry: Registry,
     /// Active request count; changes are broadcast under this lock so every
     /// subserver sees them in order (a stale high N could deadlock thresholds).
@@ -66,11 +72,18 @@ impl EngineShared {
         *self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Per-model snapshots from the subservers that answer.
+    /// Per-model snapshots from the subservers that answer in time.
     pub(crate) async fn snapshots(&self) -> Vec<SubserverSnapshot> {
+        let mut asked = Vec::new();
+        for compute in &self.computes {
+            let (tx, rx) = flume::bounded(1);
+            if compute.try_send(ComputeMsg::Stats(tx)).is_ok() {
+                asked.push(rx);
+            }
+        }
         let mut out = Vec::new();
-        for s in &self.subservers {
-            if let Ok(Some(snapshot)) = ractor::call!(s, SubserverMsg::Stats) {
+        for rx in asked {
+            if let Ok(Ok(snapshot)) = tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await {
                 out.push(snapshot);
             }
         }
@@ -78,34 +91,56 @@ impl EngineShared {
     }
 
     pub(crate) fn broadcast_rule(&self, rule: BatchingRule) {
-        for s in &self.subservers {
-            let _ = s.send_message(SubserverMsg::SetRule(rule.clone()));
-        }
+        self.to_every_model(|| ComputeMsg::SetRule(rule.clone()));
     }
 
     fn change_active(&self, delta: isize) {
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         *active = active.saturating_add_signed(delta);
-        for s in &self.subservers {
-            let _ = s.send_message(SubserverMsg::SetActive(*active));
-        }
+        self.to_every_model(|| ComputeMsg::SetActive(*active));
         metrics::gauge!("tokenrouter_active_requests").set(*active as f64);
     }
 
-    /// The request ended: free it on every model and in the KV budget.
+    /// Sends to every model's inbox. The inboxes are far larger than the messages a
+    /// bounded number of requests can have in flight, so this does not block.
+    fn to_every_model(&self, msg: impl Fn() -> ComputeMsg) {
+        for compute in &self.computes {
+            let _ = compute.send(msg());
+        }
+    }
+
+    /// Hands a request to a model (its entry, or a model that lost it).
+    pub(crate) fn deliver(&self, model: usize, arrival: Arrival) -> Result<(), EngineError> {
+        self.computes[model]
+            .send(ComputeMsg::Arrive(arrival))
+            .map_err(|_| EngineError::ModelUnavailable(format!("model {} is gone", self.names[model])))
+    }
+
+    /// The request holds its reservation and has an actor: it counts as active, and
+    /// compute threads accept arrivals for it from now on.
+    pub(crate) fn admitted(&self, id: RequestId, actor: ActorRef<RequestMsg>) {
+        self.registry.insert(id, actor);
+        self.change_active(1);
+    }
+
+    pub(crate) fn kv_release(&self, id: RequestId) {
+        self.kv.release(id);
+    }
+
+    /// The request ended: free it on every model and in the KV budget. It leaves the
+    /// registry first, so an arrival still on its way is refused where it lands.
     pub(crate) fn release(&self, id: RequestId) {
         self.registry.remove(id);
-        for s in &self.subservers {
-            let _ = s.send_message(SubserverMsg::Release(id));
-        }
-        let _ = self.kv.send_message(KvMsg::Release(id));
+        self.to_every_model(|| ComputeMsg::Release(id));
+        self.kv.release(id);
         self.change_active(-1);
     }
 }
 
-/// The root of the actor tree: it watches the subserver actors, the KV manager and
-/// the request actors. A request actor that fails is released like any ended request
-/// (its client's stream then ends), so its KV never leaks.
+/// The root of the actor tree: it watches the request actors and the tokenizer. A
+/// request actor that fails is released like any ended request (its client's stream
+/// then ends), so its KV never leaks. Compute threads supervise themselves (see
+/// `compute`).
 struct Supervisor {
     shared: Arc<OnceLock<Weak<EngineShared>>>,
 }
@@ -203,19 +238,16 @@ impl Engine {
         let supervised = Arc::new(OnceLock::new());
         let (root, _) = Actor::spawn(None, Supervisor { shared: supervised.clone() }, ()).await.map_err(spawn_err)?;
         let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
-        let mut subservers = Vec::new();
-        for (name, (tx, _, thread)) in names.iter().zip(started) {
-            let args = SubserverArgs { compute: tx, thread };
-            let (actor, _) =
-                Actor::spawn_linked(None, SubserverActor, args, root.get_cell()).await.map_err(spawn_err)?;
+        let (computes, threads): (Vec<_>, Vec<_>) = started.into_iter().map(|(tx, _, thread)| (tx, thread)).unzip();
+        for name in &names {
             tracing::info!(model = %name, "subserver up");
-            subservers.push(actor);
         }
-        let kv_args = KvManagerArgs {
-            model_names: names.clone(),
-            capacity_tokens: capacities.iter().map(|c| c.total_tokens()).collect(),
-        };
-        let (kv, _) = Actor::spawn_linked(None, KvManager, kv_args, root.get_cell()).await.map_err(spawn_err)?;
+        let ledger = KvLedger::new(
+            names.clone(),
+            capacities.iter().map(|c| c.total_tokens()).collect(),
+            &config.admission,
+        );
+        let kv = KvAdmission::new(ledger, config.admission.kv_wait_timeout);
         let tokenizer = shared_tokenizer(&config)?;
         let tokenizer_actor = match &tokenizer {
             Some(t) => {
@@ -230,8 +262,10 @@ impl Engine {
         let shared = Arc::new(EngineShared {
             names,
             configs,
-            subservers,
+            computes,
+            threads: Mutex::new(threads),
             kv,
+            admission: config.admission.clone(),
             registry,
             active: Mutex::new(0),
             next_id: AtomicU64::new(1),
@@ -275,26 +309,28 @@ impl Engine {
     }
 
     /// Submits a request; events arrive on the returned stream. Dropping the stream
-    /// cancels the request.
+    /// cancels the request. A request that cannot fit, or finds the admission queue
+    /// full, is refused here; one that must wait for KV gets its stream at once (so a
+    /// server can start its response) and waits behind it, up to the KV-wait limit.
     pub async fn generate(&self, request: GenerateRequest) -> Result<GenerationStream, EngineError> {
         let s = &self.shared;
         if s.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
         self.validate(&request)?;
+        let submitted = Instant::now();
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-        let prompt_len = request.prompt.len();
-        let max_tokens = request.max_tokens.min(s.max_context - prompt_len);
-        let tokens = prompt_len + max_tokens;
-        // Held until the request actor owns the reservation: if this future is dropped
-        // (the client left while waiting for KV), the reservation is given back.
-        let mut reservation = Reservation { kv: s.kv.clone(), id, armed: true };
-        ractor::call!(s.kv, |reply| KvMsg::Admit { id, tokens, reply })
-            .map_err(|e| EngineError::Internal(format!("KV manager: {e}")))??;
+        let max_tokens = request.max_tokens.min(s.max_context - request.prompt.len());
+        let ticket = s.kv.request(id, request.prompt.len(), max_tokens)?;
+        // Until a request actor owns the reservation, dropping this gives it back.
+        let reservation = Reservation::new(s.clone(), id);
+        let text = self.text_stream(&request)?;
         let mut stop_ids = request.stop_ids.clone();
         if !request.ignore_eos {
             stop_ids.extend(&s.eos_ids);
         }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
         let spec = Arc::new(RequestSpec {
             id,
             prompt: request.prompt,
@@ -303,25 +339,48 @@ impl Engine {
             stop_ids,
             policy: request.policy.unwrap_or_else(|| s.default_policy.clone()),
         });
-        let text = match &s.tokenizer {
-            Some(tok) => Some(TextStream {
-                decoder: StreamDecoder::with_context(tok.clone(), request.skip_special_tokens, &spec.prompt)
-                    .map_err(|e| EngineError::Internal(e.to_string()))?,
-                stops: StopMatcher::new(request.stop.clone()),
-            }),
-            None => None,
-        };
         let (client, events) = unbounded_channel();
-        let args = RequestArgs { id, prompt_len, client, shared: s.clone(), text, deadline: request.deadline };
-        let (actor, _) = Actor::spawn_linked(None, RequestActor, args, self.root.get_cell())
-            .await
+        let launch = Launch {
+            shared: s.clone(),
+            root: self.root.clone(),
+            core: RequestCore::new(spec.clone(), s.model_count(), client.clone(), text),
+            spec,
+            reservation,
+            submitted,
+            deadline: request.deadline.or(s.admission.request_timeout),
+            link: StreamLink::new(),
+        };
+        let link = launch.link.clone();
+        match ticket {
+            Ticket::Admitted => launch.run().await?,
+            waiting => {
+                tokio::spawn(async move {
+                    tokio::select! {
+                        admitted = waiting.wait() => match admitted {
+                            Ok(()) => {
+                                if let Err(e) = launch.run().await {
+                                    let _ = client.send(GenerationEvent::error(e, Usage::default()));
+                                }
+                            }
+                            Err(e) => {
+                                drop(launch);
+                                let _ = client.send(GenerationEvent::error(e, Usage::default()));
+                            }
+                        },
+                        // The client left while waiting; dropping `launch` frees the place.
+                        () = client.closed() => {}
+                    }
+                });
+            }
+        }
+        Ok(GenerationStream::new(events, link, id))
+    }
+
+    fn text_stream(&self, request: &GenerateRequest) -> Result<Option<TextStream>, EngineError> {
+        let Some(tok) = &self.shared.tokenizer else { return Ok(None) };
+        let decoder = StreamDecoder::with_context(tok.clone(), request.skip_special_tokens, &request.prompt)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        s.registry.insert(id, actor.clone());
-        reservation.armed = false;
-        s.change_active(1);
-        let (entry, arrival) = admit(spec, s.model_count());
-        let _ = s.subservers[entry].send_message(SubserverMsg::Admit(arrival));
-        Ok(GenerationStream { events, actor: Some(actor), id })
+        Ok(Some(TextStream { decoder, stops: StopMatcher::new(request.stop.clone()) }))
     }
 
     fn validate(&self, r: &GenerateRequest) -> Result<(), EngineError> {
@@ -367,9 +426,13 @@ impl Engine {
         session: Option<String>,
     ) -> Result<Vec<u32>, EngineError> {
         let actor = self.tokenizer_actor()?;
-        ractor::call!(actor, |reply| TokenizerMsg::Encode { text, add_special_tokens, session, reply })
-            .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
-            .map_err(tokenize_error)
+        ractor::call_t!(
+            actor,
+            |reply| TokenizerMsg::Encode { text, add_special_tokens, session, reply },
+            TOKENIZE_TIMEOUT.as_millis() as u64
+        )
+        .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+        .map_err(tokenize_error)
     }
 
     /// Renders a conversation with the chat template and encodes it.
@@ -385,9 +448,13 @@ impl Engine {
         session: Option<String>,
     ) -> Result<RenderedChat, EngineError> {
         let actor = self.tokenizer_actor()?;
-        ractor::call!(actor, |reply| TokenizerMsg::Chat { messages, options, session, reply })
-            .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
-            .map_err(tokenize_error)
+        ractor::call_t!(
+            actor,
+            |reply| TokenizerMsg::Chat { messages, options, session, reply },
+            TOKENIZE_TIMEOUT.as_millis() as u64
+        )
+        .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+        .map_err(tokenize_error)
     }
 
     /// Replaces the tokenizer's session settings (stored sessions are dropped).
@@ -416,7 +483,7 @@ impl Engine {
     }
 
     pub async fn kv_usage(&self) -> Option<KvUsage> {
-        ractor::call!(self.shared.kv, KvMsg::Usage).ok()
+        Some(self.shared.kv.usage())
     }
 
     pub fn active_requests(&self) -> usize {
@@ -433,10 +500,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Test hook: the next step of `model` panics, as a bug in model code would.
+    /// Test hook (and the server's opt-in fault injection): `model` panics at the
+    /// chosen point, as a bug would.
     #[doc(hidden)]
-    pub fn inject_fault(&self, model: usize) {
-        let _ = self.shared.subservers[model].send_message(SubserverMsg::InjectPanic);
+    pub fn inject_fault(&self, model: usize, fault: Fault) -> Result<(), EngineError> {
+        let compute = self.shared.computes.get(model).ok_or_else(|| EngineError::InvalidRequest(format!("no model {model}")))?;
+        compute.send(ComputeMsg::InjectFault(fault)).map_err(|_| EngineError::ModelUnavailable(format!("model {model} is gone")))
     }
 
     /// Test hook: the actor of request `id` panics on its next message.
@@ -450,10 +519,14 @@ impl Engine {
     pub async fn shutdown(self) {
         self.shared.closing.store(true, Ordering::SeqCst);
         self.shared.registry.for_each(|actor| {
-            let _ = actor.send_message(RequestMsg::Abort("the engine is shutting down".into()));
+            let _ = actor.send_message(RequestMsg::Abort(EngineError::ShuttingDown));
         });
         self.root.stop_children_and_wait(None, None).await;
         self.root.stop(None);
+        self.shared.to_every_model(|| ComputeMsg::Shutdown);
+        let threads = std::mem::take(&mut *self.shared.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        // Joining blocks: do it off the async workers.
+        let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
     }
 }
 
@@ -486,50 +559,3 @@ fn shared_tokenizer(config: &EngineConfig) -> Result<Option<TextTokenizer>, Engi
     Ok(found.into_iter().next())
 }
 
-/// A KV reservation not yet owned by a request actor.
-struct Reservation {
-    kv: ActorRef<KvMsg>,
-    id: RequestId,
-    armed: bool,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.kv.send_message(KvMsg::Release(self.id));
-        }
-    }
-}
-
-/// The events of one request. Dropping it before the end cancels the request.
-pub struct GenerationStream {
-    events: UnboundedReceiver<GenerationEvent>,
-    actor: Option<ActorRef<RequestMsg>>,
-    id: RequestId,
-}
-
-impl GenerationStream {
-    pub fn request_id(&self) -> RequestId {
-        self.id
-    }
-}
-
-impl Stream for GenerationStream {
-    type Item = GenerationEvent;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<GenerationEvent>> {
-        let poll = self.events.poll_recv(cx);
-        if let Poll::Ready(Some(GenerationEvent::Finished { .. } | GenerationEvent::Error { .. })) = &poll {
-            self.actor = None; // ended: nothing to cancel on drop
-        }
-        poll
-    }
-}
-
-impl Drop for GenerationStream {
-    fn drop(&mut self) {
-        if let Some(actor) = self.actor.take() {
-            let _ = actor.send_message(RequestMsg::Cancel);
-        }
-    }
-}

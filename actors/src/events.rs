@@ -7,6 +7,8 @@ use tokenrouter_core::sched::FinishReason;
 
 use std::sync::Arc;
 
+use crate::error::EngineError;
+
 /// A generation request in token space (text and chat templates are the tokenizer's).
 #[derive(Clone)]
 pub struct GenerateRequest {
@@ -25,6 +27,12 @@ pub struct GenerateRequest {
     pub skip_special_tokens: bool,
     /// The request ends with an error once this much time has passed.
     pub deadline: Option<std::time::Duration>,
+}
+
+impl GenerationEvent {
+    pub fn error(error: EngineError, usage: Usage) -> Self {
+        GenerationEvent::Error { message: error.to_string(), usage, error }
+    }
 }
 
 impl GenerateRequest {
@@ -73,8 +81,10 @@ pub enum GenerationEvent {
         text: String,
         stop: Option<String>,
     },
+    /// The request failed; `message` is `error`'s text.
     Error {
         message: String,
         usage: Usage,
+        error: EngineError,
     },
 }

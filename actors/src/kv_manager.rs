@@ -1,28 +1,21 @@
-//! Joint KV admission for colocated models. A request may visit every model and stay
-//! pending on each, so admission reserves its worst case (prompt + max_tokens) on
-//! every model; when that does not fit now, admission waits for releases. Subservers
-//! still evict pending KV when fragmentation bites, so nothing runs out of memory.
+//! Joint KV admission for colocated models. A request reserves its prompt and a
+//! bounded share of its output (`output_headroom`, not `max_tokens`) on every model it
+//! may visit; it grows past that on demand, and under pressure the subservers evict
+//! pending KV and preempt waiting requests for recompute, and end an output that
+//! cannot grow with `finish_reason: length`. So a request without `max_tokens` is
+//! served, and only a prompt that cannot fit is refused. When the reservation does not
+//! fit now, the request waits in a bounded queue for a bounded time.
+//!
+//! [`KvLedger`] is the plain state (unit-tested below); [`KvAdmission`] shares it
+//! between the engine's tasks and wakes the waiters it admits.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokenrouter_core::sched::RequestId;
+use tokio::sync::oneshot;
 
 use crate::error::EngineError;
-
-pub enum KvMsg {
-    /// Reserve `tokens` on every model; the reply comes once they fit.
-    Admit {
-        id: RequestId,
-        tokens: usize,
-        reply: RpcReplyPort<Result<(), EngineError>>,
-    },
-    Release(RequestId),
-    Usage(RpcReplyPort<KvUsage>),
-}
-
-// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
-impl ractor::Message for KvMsg {}
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KvUsage {
@@ -32,90 +25,289 @@ pub struct KvUsage {
     pub waiting: usize,
 }
 
-pub struct KvManager;
-
-pub struct KvManagerArgs {
-    pub model_names: Vec<String>,
-    /// Token capacity of each model's KV pool.
-    pub capacity_tokens: Vec<usize>,
+/// How requests are admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionConfig {
+    /// Output tokens reserved at admission beyond the prompt (at most `max_tokens`).
+    pub output_headroom: usize,
+    /// Requests that may wait for KV; more are refused (429 over HTTP).
+    pub max_waiting: usize,
+    /// Longest wait for KV before the request is refused (503 with Retry-After).
+    pub kv_wait_timeout: Duration,
+    /// Longest a request may run from submission, waiting included; `None`: no limit
+    /// besides the one a request brings.
+    pub request_timeout: Option<Duration>,
 }
 
-pub struct KvState {
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            output_headroom: 256,
+            max_waiting: 1024,
+            kv_wait_timeout: Duration::from_secs(60),
+            request_timeout: None,
+        }
+    }
+}
+
+/// Whether a request holds its reservation now or waits for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Admitted,
+    Queued,
+}
+
+pub struct KvLedger {
     names: Vec<String>,
     capacity: Vec<usize>,
+    headroom: usize,
+    max_waiting: usize,
     reserved: usize,
     reservations: HashMap<RequestId, usize>,
-    waiting: VecDeque<(RequestId, usize, RpcReplyPort<Result<(), EngineError>>)>,
+    waiting: VecDeque<(RequestId, usize)>,
 }
 
-impl KvState {
+impl KvLedger {
+    pub fn new(names: Vec<String>, capacity_tokens: Vec<usize>, config: &AdmissionConfig) -> Self {
+        KvLedger {
+            names,
+            capacity: capacity_tokens,
+            headroom: config.output_headroom,
+            max_waiting: config.max_waiting,
+            reserved: 0,
+            reservations: HashMap::new(),
+            waiting: VecDeque::new(),
+        }
+    }
+
+    /// The tokens a request reserves: its prompt, and its output up to the headroom,
+    /// never more than the smallest model holds (the output grows on demand).
+    pub fn reservation(&self, prompt_len: usize, max_tokens: usize) -> usize {
+        let smallest = self.capacity.iter().copied().min().unwrap_or(0);
+        (prompt_len + max_tokens.min(self.headroom)).min(smallest).max(prompt_len)
+    }
+
+    /// Admits a request, queues it, or refuses it: a prompt (and its first output
+    /// token) that no amount of waiting makes fit, or a full queue.
+    pub fn request(&mut self, id: RequestId, prompt_len: usize, max_tokens: usize) -> Result<Admission, EngineError> {
+        if let Some((i, &capacity)) = self.capacity.iter().enumerate().find(|(_, &c)| prompt_len + 1 > c) {
+            return Err(EngineError::TooLarge { needed: prompt_len + 1, capacity, model: self.names[i].clone() });
+        }
+        let tokens = self.reservation(prompt_len, max_tokens);
+        if self.waiting.is_empty() && self.fits(tokens) {
+            self.hold(id, tokens);
+            return Ok(Admission::Admitted);
+        }
+        if self.waiting.len() >= self.max_waiting {
+            return Err(EngineError::QueueFull { limit: self.max_waiting });
+        }
+        self.waiting.push_back((id, tokens));
+        Ok(Admission::Queued)
+    }
+
+    /// The request ended or gave up waiting (either is fine, and so is a second
+    /// release); returns the waiting requests this admitted, oldest first.
+    pub fn release(&mut self, id: RequestId) -> Vec<RequestId> {
+        if let Some(tokens) = self.reservations.remove(&id) {
+            self.reserved -= tokens;
+        }
+        self.waiting.retain(|(w, _)| *w != id);
+        self.admit_waiting()
+    }
+
+    pub fn is_admitted(&self, id: RequestId) -> bool {
+        self.reservations.contains_key(&id)
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        KvUsage {
+            capacity_tokens: self.capacity.clone(),
+            reserved_tokens: self.reserved,
+            admitted: self.reservations.len(),
+            waiting: self.waiting.len(),
+        }
+    }
+
     fn fits(&self, tokens: usize) -> bool {
         self.capacity.iter().all(|&c| self.reserved + tokens <= c)
     }
 
-    fn admit_waiting(&mut self) {
-        while let Some((_, tokens, _)) = self.waiting.front() {
-            if !self.fits(*tokens) {
+    fn hold(&mut self, id: RequestId, tokens: usize) {
+        self.reserved += tokens;
+        self.reservations.insert(id, tokens);
+    }
+
+    /// Admits from the front of the queue while the oldest fits (first come, first
+    /// served: a small request does not overtake a large one forever).
+    fn admit_waiting(&mut self) -> Vec<RequestId> {
+        let mut admitted = Vec::new();
+        while let Some(&(id, tokens)) = self.waiting.front() {
+            if !self.fits(tokens) {
                 break;
             }
-            let (id, tokens, reply) = self.waiting.pop_front().expect("front exists");
-            if reply.send(Ok(())).is_ok() {
-                self.reserved += tokens;
-                self.reservations.insert(id, tokens);
+            self.waiting.pop_front();
+            self.hold(id, tokens);
+            admitted.push(id);
+        }
+        admitted
+    }
+}
+
+/// The ledger shared by the engine, with a wake-up for each waiting request.
+pub struct KvAdmission {
+    inner: parking_lot::Mutex<(KvLedger, HashMap<RequestId, oneshot::Sender<()>>)>,
+    wait_limit: Duration,
+}
+
+impl KvAdmission {
+    pub fn new(ledger: KvLedger, wait_limit: Duration) -> Self {
+        KvAdmission { inner: parking_lot::Mutex::new((ledger, HashMap::new())), wait_limit }
+    }
+
+    /// Refusals come at once; the returned ticket resolves when the request holds its
+    /// reservation or its wait ran out.
+    pub fn request(&self, id: RequestId, prompt_len: usize, max_tokens: usize) -> Result<Ticket, EngineError> {
+        let mut inner = self.inner.lock();
+        match inner.0.request(id, prompt_len, max_tokens)? {
+            Admission::Admitted => Ok(Ticket::Admitted),
+            Admission::Queued => {
+                let (tx, rx) = oneshot::channel();
+                inner.1.insert(id, tx);
+                Ok(Ticket::Waiting { rx, since: Instant::now(), limit: self.wait_limit })
             }
+        }
+    }
+
+    pub fn release(&self, id: RequestId) {
+        let mut inner = self.inner.lock();
+        let (ledger, waiters) = &mut *inner;
+        waiters.remove(&id);
+        let mut admitted = ledger.release(id);
+        while let Some(next) = admitted.pop() {
+            // A waiter that is gone gives its reservation straight back.
+            let woken = waiters.remove(&next).is_some_and(|tx| tx.send(()).is_ok());
+            if !woken {
+                admitted.extend(ledger.release(next));
+            }
+        }
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        self.inner.lock().0.usage()
+    }
+}
+
+pub enum Ticket {
+    Admitted,
+    Waiting { rx: oneshot::Receiver<()>, since: Instant, limit: Duration },
+}
+
+impl Ticket {
+    /// Waits for the reservation; on time-out the caller releases the request.
+    pub async fn wait(self) -> Result<(), EngineError> {
+        match self {
+            Ticket::Admitted => Ok(()),
+            Ticket::Waiting { rx, since, limit } => match tokio::time::timeout(limit, rx).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(EngineError::Internal("the KV admission queue dropped a request".into())),
+                Err(_) => Err(EngineError::Overloaded {
+                    waited: since.elapsed(),
+                    retry_after: limit.div_f64(4.0).max(Duration::from_secs(1)),
+                }),
+            },
         }
     }
 }
 
-impl Actor for KvManager {
-    type Msg = KvMsg;
-    type State = KvState;
-    type Arguments = KvManagerArgs;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    async fn pre_start(&self, _: ActorRef<KvMsg>, args: KvManagerArgs) -> Result<KvState, ActorProcessingErr> {
-        Ok(KvState {
-            names: args.model_names,
-            capacity: args.capacity_tokens,
-            reserved: 0,
-            reservations: HashMap::new(),
-            waiting: VecDeque::new(),
-        })
+    fn ledger(capacity: &[usize], headroom: usize, max_waiting: usize) -> KvLedger {
+        let config = AdmissionConfig { output_headroom: headroom, max_waiting, ..AdmissionConfig::default() };
+        let names = (0..capacity.len()).map(|i| format!("m{i}")).collect();
+        KvLedger::new(names, capacity.to_vec(), &config)
     }
 
-    async fn handle(&self, _: ActorRef<KvMsg>, msg: KvMsg, state: &mut KvState) -> Result<(), ActorProcessingErr> {
-        match msg {
-            KvMsg::Admit { id, tokens, reply } => {
-                if let Some((i, &capacity)) = state.capacity.iter().enumerate().find(|(_, &c)| tokens > c) {
-                    let _ = reply.send(Err(EngineError::TooLarge {
-                        needed: tokens,
-                        capacity,
-                        model: state.names[i].clone(),
-                    }));
-                } else if state.waiting.is_empty() && state.fits(tokens) {
-                    if reply.send(Ok(())).is_ok() {
-                        state.reserved += tokens;
-                        state.reservations.insert(id, tokens);
-                    }
-                } else {
-                    state.waiting.push_back((id, tokens, reply));
-                }
+    #[test]
+    fn waiting_requests_are_admitted_in_arrival_order() {
+        let mut l = ledger(&[100, 200], 10, 8);
+        assert_eq!(l.request(1, 50, 10).unwrap(), Admission::Admitted); // 60
+        assert_eq!(l.request(2, 50, 10).unwrap(), Admission::Queued); // 60 more does not fit 100
+        assert_eq!(l.request(3, 5, 1).unwrap(), Admission::Queued, "a small one waits behind the queue");
+        assert_eq!(l.release(1), vec![2, 3]);
+        assert_eq!(l.usage().reserved_tokens, 66);
+        assert!(l.is_admitted(2) && l.is_admitted(3));
+    }
+
+    #[test]
+    fn the_oldest_waiter_is_not_overtaken() {
+        let mut l = ledger(&[100], 0, 8);
+        l.request(1, 60, 1).unwrap();
+        assert_eq!(l.request(2, 50, 1).unwrap(), Admission::Queued);
+        assert_eq!(l.request(3, 10, 1).unwrap(), Admission::Queued);
+        l.release(3);
+        assert_eq!(l.usage().waiting, 1, "a waiter that gives up leaves the queue");
+        assert_eq!(l.release(1), vec![2]);
+    }
+
+    #[test]
+    fn only_a_prompt_that_cannot_fit_is_too_large() {
+        let mut l = ledger(&[100, 40], 256, 8);
+        match l.request(1, 40, 10_000) {
+            Err(EngineError::TooLarge { model, needed, capacity }) => {
+                assert_eq!((model.as_str(), needed, capacity), ("m1", 41, 40));
             }
-            KvMsg::Release(id) => {
-                if let Some(tokens) = state.reservations.remove(&id) {
-                    state.reserved -= tokens;
-                }
-                state.waiting.retain(|(w, _, _)| *w != id);
-                state.admit_waiting();
-            }
-            KvMsg::Usage(reply) => {
-                let _ = reply.send(KvUsage {
-                    capacity_tokens: state.capacity.clone(),
-                    reserved_tokens: state.reserved,
-                    admitted: state.reservations.len(),
-                    waiting: state.waiting.len(),
-                });
-            }
+            other => panic!("{other:?}"),
         }
-        Ok(())
+        // No max_tokens (the whole context) is fine: the reservation is capped.
+        assert_eq!(l.request(2, 30, 32_768).unwrap(), Admission::Admitted);
+        assert_eq!(l.usage().reserved_tokens, 40);
+    }
+
+    #[test]
+    fn admission_reserves_headroom_not_max_tokens() {
+        let mut worst_case = ledger(&[16_384], usize::MAX, 1000);
+        let mut by_use = ledger(&[16_384], 256, 1000);
+        let admitted = |l: &mut KvLedger| {
+            (0..100).filter(|&i| l.request(i, 20, 4000).unwrap() == Admission::Admitted).count()
+        };
+        assert_eq!(admitted(&mut worst_case), 4);
+        assert_eq!(admitted(&mut by_use), 59);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_double_or_unknown_releases_are_harmless() {
+        let mut l = ledger(&[10], 0, 1);
+        l.request(1, 8, 1).unwrap();
+        assert_eq!(l.request(2, 8, 1).unwrap(), Admission::Queued);
+        assert!(matches!(l.request(3, 8, 1), Err(EngineError::QueueFull { limit: 1 })));
+        assert!(l.release(99).is_empty(), "a request that never arrived");
+        assert_eq!(l.release(1), vec![2]);
+        assert!(l.release(1).is_empty(), "released twice");
+        assert_eq!(l.usage().reserved_tokens, 8);
+        l.release(2);
+        assert_eq!((l.usage().reserved_tokens, l.usage().admitted, l.usage().waiting), (0, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_woken_by_a_release_and_a_gone_waiter_gives_its_turn_away() {
+        let admission = KvAdmission::new(ledger(&[10], 0, 8), Duration::from_secs(5));
+        assert!(matches!(admission.request(1, 8, 1).unwrap(), Ticket::Admitted));
+        let gone = admission.request(2, 8, 1).unwrap();
+        let waiting = admission.request(3, 8, 1).unwrap();
+        drop(gone);
+        admission.release(2); // what the request's guard does when its waiter is dropped
+        admission.release(1);
+        waiting.wait().await.unwrap();
+        assert_eq!(admission.usage().admitted, 1);
+    }
+
+    #[tokio::test]
+    async fn a_wait_that_runs_out_is_overloaded() {
+        let admission = KvAdmission::new(ledger(&[10], 0, 8), Duration::from_millis(50));
+        admission.request(1, 8, 1).unwrap();
+        let ticket = admission.request(2, 8, 1).unwrap();
+        assert!(matches!(ticket.wait().await, Err(EngineError::Overloaded { .. })));
     }
 }

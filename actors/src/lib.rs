@@ -1,7 +1,7 @@
-//! The tokenrouter runtime: ractor actors that own the core state machines. One
-//! subserver per model (a control actor plus a compute thread that owns the model,
-//! its KV and its scheduler), a KV manager for joint admission, and one actor per
-//! request. `Engine` is the library API.
+//! The tokenrouter runtime: the actors and threads that own the core state machines.
+//! One subserver per model (a compute thread that owns the model, its KV and its
+//! scheduler, reached through one ordered inbox), a KV ledger for joint admission, and
+//! one actor per request. `Engine` is the library API.
 
 mod compute;
 pub mod config;
@@ -9,16 +9,16 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod kv_manager;
+mod launch;
 mod registry;
 pub mod remote;
 mod replan;
 pub mod request;
 mod shadow_verifier;
-pub mod subserver;
 pub mod tokenizer;
 
-pub use compute::SubserverSnapshot;
-pub use config::{EngineConfig, ModelSpec, StepLimits};
+pub use compute::{Fault, SubserverSnapshot};
+pub use config::{AdmissionConfig, EngineConfig, ModelSpec, StepLimits};
 pub use engine::{Engine, GenerationStream};
 pub use error::EngineError;
 pub use events::{GenerateRequest, GenerationEvent, Usage};

@@ -35,6 +35,14 @@ impl Registry {
         map.iter().find(|(_, a)| a.get_id() == actor).map(|(id, _)| *id)
     }
 
+    /// Whether the request has not ended yet. Its actor is registered before its first
+    /// arrival is sent and removed before its releases are, so a compute thread that
+    /// finds it gone while taking in an arrival knows that arrival is stale. On a node
+    /// the front decides, so every request counts as live there.
+    pub fn is_live(&self, id: RequestId) -> bool {
+        self.forward.is_some() || self.requests.read().unwrap_or_else(|p| p.into_inner()).contains_key(&id)
+    }
+
     pub fn send_raw(&self, id: RequestId, msg: RequestMsg) {
         let actor = self.requests.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
         if let Some(actor) = actor {

@@ -1,41 +1,35 @@
 //! One actor per request: it holds the committed tokens (the truth about the
-//! request), usage, and the client's stream, and on any ending tells every model and
-//! the KV manager to let the request go.
+//! request), usage, and the client's stream, rebuilds the request on a model that
+//! lost it, and on any ending tells every model and the KV ledger to let it go.
+//!
+//! The logic is [`RequestCore`], a plain struct the tests below drive directly; the
+//! actor only carries out what it decides.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokenrouter_core::sched::{FinishReason, RequestEvent, RequestId};
+use tokenrouter_core::policy::ModelIndex;
+use tokenrouter_core::sched::{rebuild, Arrival, FinishReason, RequestEvent, RequestSpec};
 use tokenrouter_core::tokenize::{StopMatcher, StopStep, StreamDecoder};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::engine::EngineShared;
+use crate::error::EngineError;
 use crate::events::{GenerationEvent, Usage};
 
 pub enum RequestMsg {
     Event(RequestEvent),
     /// The client went away.
     Cancel,
-    /// The engine ends the request (e.g. shutting down).
-    Abort(String),
+    /// The engine ends the request (shutting down, deadline).
+    Abort(EngineError),
     /// Test hook: fail as a bug in this actor would.
     InjectPanic,
 }
 
 // Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
 impl ractor::Message for RequestMsg {}
-
-pub struct RequestActor;
-
-pub struct RequestArgs {
-    pub id: RequestId,
-    pub prompt_len: usize,
-    pub client: UnboundedSender<GenerationEvent>,
-    pub shared: Arc<EngineShared>,
-    pub text: Option<TextStream>,
-    pub deadline: Option<std::time::Duration>,
-}
 
 /// Tokens to text for the client: incremental detokenization that never splits a
 /// character, then stop strings matched across token boundaries.
@@ -58,14 +52,153 @@ impl TextStream {
     }
 }
 
-pub struct RequestState {
-    id: RequestId,
-    submitted: Instant,
+/// What the request's owner does after an event.
+#[derive(Debug)]
+pub enum Next {
+    Continue,
+    /// `model` lost the request: deliver this rebuilt arrival to it.
+    Resume { model: ModelIndex, arrival: Arrival },
+    /// The request ended (the client has its last event, if it is still there).
+    End,
+}
+
+/// The truth about one request: its committed tokens, usage and client stream.
+pub struct RequestCore {
+    spec: Arc<RequestSpec>,
     client: UnboundedSender<GenerationEvent>,
     committed: Vec<u32>,
     usage: Usage,
-    shared: Arc<EngineShared>,
     text: Option<TextStream>,
+    ended: bool,
+}
+
+impl RequestCore {
+    pub fn new(
+        spec: Arc<RequestSpec>,
+        models: usize,
+        client: UnboundedSender<GenerationEvent>,
+        text: Option<TextStream>,
+    ) -> Self {
+        let usage = Usage { prompt_tokens: spec.prompt.len(), tokens_per_model: vec![0; models], ..Usage::default() };
+        RequestCore { spec, client, committed: Vec::new(), usage, text, ended: false }
+    }
+
+    pub fn committed(&self) -> &[u32] {
+        &self.committed
+    }
+
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    pub fn on_event(&mut self, event: RequestEvent) -> Next {
+        if self.ended {
+            return Next::End;
+        }
+        match event {
+            RequestEvent::Token { index, token, model, logprob, top_logprobs, .. } => {
+                self.on_token(index, token, model, logprob, top_logprobs)
+            }
+            RequestEvent::Moved { .. } => {
+                self.usage.switches += 1;
+                Next::Continue
+            }
+            RequestEvent::Finished { reason, .. } => {
+                let text = self.text.as_mut().map(TextStream::flush).unwrap_or_default();
+                let usage = self.usage.clone();
+                self.end_with(GenerationEvent::Finished { reason, usage, text, stop: None })
+            }
+            RequestEvent::Failed { message, .. } => self.fail(EngineError::Internal(message)),
+            RequestEvent::Resume { model, output_len, travel, .. } => {
+                if output_len != self.committed.len() {
+                    let m = format!("model {model} restarted at token {output_len}, but {} are committed", self.committed.len());
+                    return self.fail(EngineError::Internal(m));
+                }
+                Next::Resume { model, arrival: rebuild(self.spec.clone(), &self.committed, travel, model) }
+            }
+        }
+    }
+
+    /// Ends the request with an error to the client.
+    pub fn fail(&mut self, error: EngineError) -> Next {
+        if self.ended {
+            return Next::End;
+        }
+        let usage = self.usage.clone();
+        self.end_with(GenerationEvent::error(error, usage))
+    }
+
+    /// The client went away: end without a word.
+    pub fn cancel(&mut self) -> Next {
+        self.ended = true;
+        Next::End
+    }
+
+    fn on_token(
+        &mut self,
+        index: usize,
+        token: u32,
+        model: ModelIndex,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(u32, f32)>,
+    ) -> Next {
+        if index != self.committed.len() {
+            // Out-of-order tokens would corrupt the output: end loudly instead.
+            let message = format!("token {index} arrived after {} tokens", self.committed.len());
+            return self.fail(EngineError::Internal(message));
+        }
+        self.committed.push(token);
+        self.usage.completion_tokens += 1;
+        if let Some(n) = self.usage.tokens_per_model.get_mut(model) {
+            *n += 1;
+        }
+        let step = match self.text.as_mut().map(|t| t.push(token)).transpose() {
+            Ok(step) => step,
+            Err(message) => return self.fail(EngineError::Internal(message)),
+        };
+        let (text, stop) = step.map(|st| (st.text, st.stop)).unwrap_or_default();
+        // A failed send means the client is gone: stop working for it.
+        if self.client.send(GenerationEvent::Token { index, token, model, logprob, top_logprobs, text }).is_err() {
+            return self.cancel();
+        }
+        if let Some(stop) = stop {
+            let usage = self.usage.clone();
+            let event = GenerationEvent::Finished {
+                reason: FinishReason::Stop,
+                usage,
+                text: String::new(),
+                stop: Some(stop.stop),
+            };
+            return self.end_with(event);
+        }
+        Next::Continue
+    }
+
+    fn end_with(&mut self, event: GenerationEvent) -> Next {
+        self.ended = true;
+        let _ = self.client.send(event);
+        Next::End
+    }
+}
+
+pub struct RequestActor;
+
+pub struct RequestArgs {
+    pub core: RequestCore,
+    pub shared: Arc<EngineShared>,
+    pub submitted: Instant,
+    /// Time left to run, counted from `submitted`.
+    pub deadline: Option<Duration>,
+}
+
+pub struct RequestState {
+    core: RequestCore,
+    submitted: Instant,
+    shared: Arc<EngineShared>,
 }
 
 impl Actor for RequestActor {
@@ -74,21 +207,11 @@ impl Actor for RequestActor {
     type Arguments = RequestArgs;
 
     async fn pre_start(&self, me: ActorRef<RequestMsg>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
-        let models = args.shared.model_count();
         if let Some(limit) = args.deadline {
-            me.send_after(limit, move || {
-                RequestMsg::Abort(format!("deadline of {:.1}s exceeded", limit.as_secs_f64()))
-            });
+            let left = limit.saturating_sub(args.submitted.elapsed());
+            me.send_after(left, move || RequestMsg::Abort(EngineError::DeadlineExceeded { limit }));
         }
-        Ok(RequestState {
-            id: args.id,
-            submitted: Instant::now(),
-            client: args.client,
-            committed: Vec::new(),
-            usage: Usage { prompt_tokens: args.prompt_len, tokens_per_model: vec![0; models], ..Usage::default() },
-            shared: args.shared,
-            text: args.text,
-        })
+        Ok(RequestState { core: args.core, submitted: args.submitted, shared: args.shared })
     }
 
     async fn handle(
@@ -97,89 +220,42 @@ impl Actor for RequestActor {
         msg: RequestMsg,
         s: &mut RequestState,
     ) -> Result<(), ActorProcessingErr> {
-        let ended = match msg {
-            RequestMsg::Event(RequestEvent::Token { index, token, model, logprob, top_logprobs, .. }) => {
-                if index != s.committed.len() {
-                    // Out-of-order tokens would corrupt the output: end loudly instead.
-                    let message = format!("internal: token {index} arrived after {} tokens", s.committed.len());
-                    end_with_error(s, message)
-                } else {
-                    if s.committed.is_empty() {
-                        metrics::histogram!("tokenrouter_request_ttft_seconds")
-                            .record(s.submitted.elapsed().as_secs_f64());
-                    }
-                    s.committed.push(token);
-                    s.usage.completion_tokens += 1;
-                    if let Some(n) = s.usage.tokens_per_model.get_mut(model) {
-                        *n += 1;
-                    }
-                    let step = match s.text.as_mut().map(|t| t.push(token)).transpose() {
-                        Ok(step) => step,
-                        Err(message) => return finish(me, s, Some(message)),
-                    };
-                    let (text, stop) = step.map(|st| (st.text, st.stop)).unwrap_or_default();
-                    // A failed send means the client is gone: stop working for it.
-                    let gone = s
-                        .client
-                        .send(GenerationEvent::Token { index, token, model, logprob, top_logprobs, text })
-                        .is_err();
-                    if let Some(stop) = stop {
-                        let usage = s.usage.clone();
-                        let event = GenerationEvent::Finished {
-                            reason: FinishReason::Stop,
-                            usage,
-                            text: String::new(),
-                            stop: Some(stop.stop),
-                        };
-                        let _ = s.client.send(event);
-                    }
-                    gone || s.text.as_ref().is_some_and(|t| t.stops.is_stopped())
-                }
-            }
-            RequestMsg::Event(RequestEvent::Moved { .. }) => {
-                s.usage.switches += 1;
-                false
-            }
-            RequestMsg::Event(RequestEvent::Finished { reason, .. }) => {
-                let text = s.text.as_mut().map(TextStream::flush).unwrap_or_default();
-                let _ = s.client.send(GenerationEvent::Finished { reason, usage: s.usage.clone(), text, stop: None });
-                true
-            }
-            RequestMsg::Event(RequestEvent::Failed { message, .. }) | RequestMsg::Abort(message) => {
-                end_with_error(s, message)
-            }
-            RequestMsg::Cancel => true,
+        let first_token = matches!(&msg, RequestMsg::Event(RequestEvent::Token { index: 0, .. }));
+        let mut next = match msg {
+            RequestMsg::Event(event) => s.core.on_event(event),
+            RequestMsg::Cancel => s.core.cancel(),
+            RequestMsg::Abort(error) => s.core.fail(error),
             RequestMsg::InjectPanic => panic!("injected request-actor fault"),
         };
-        if ended {
-            return finish(me, s, None);
+        if first_token {
+            metrics::histogram!("tokenrouter_request_ttft_seconds").record(s.submitted.elapsed().as_secs_f64());
+        }
+        if let Next::Resume { model, arrival } = next {
+            metrics::counter!("tokenrouter_requests_resumed_total", "model" => s.shared.model_name(model).to_string())
+                .increment(1);
+            next = match s.shared.deliver(model, arrival) {
+                Ok(()) => Next::Continue,
+                Err(error) => s.core.fail(error),
+            };
+        }
+        if let Next::End = next {
+            record_usage(s);
+            s.shared.release(s.core.spec.id);
+            me.stop(None);
         }
         Ok(())
     }
 }
 
-/// Ends the request (with an error to the client first, if given) and lets it go
-/// everywhere.
-fn finish(me: ActorRef<RequestMsg>, s: &mut RequestState, error: Option<String>) -> Result<(), ActorProcessingErr> {
-    if let Some(message) = error {
-        end_with_error(s, message);
-    }
-    record_usage(s);
-    s.shared.release(s.id);
-    me.stop(None);
-    Ok(())
-}
-
 fn record_usage(s: &RequestState) {
     metrics::histogram!("tokenrouter_request_latency_seconds").record(s.submitted.elapsed().as_secs_f64());
-    for (model, &n) in s.usage.tokens_per_model.iter().enumerate() {
+    for (model, &n) in s.core.usage.tokens_per_model.iter().enumerate() {
         let name = s.shared.model_name(model).to_string();
         metrics::histogram!("tokenrouter_request_tokens", "model" => name).record(n as f64);
     }
-    metrics::histogram!("tokenrouter_request_switches").record(s.usage.switches as f64);
+    metrics::histogram!("tokenrouter_request_switches").record(s.core.usage.switches as f64);
 }
 
-fn end_with_error(s: &mut RequestState, message: String) -> bool {
-    let _ = s.client.send(GenerationEvent::Error { message, usage: s.usage.clone() });
-    true
-}
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tempfile::TempDir;
-use tokenrouter_actors::{Engine, EngineConfig, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
+use tokenrouter_actors::{Engine, EngineConfig, Fault, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
 use tokenrouter_core::model::generate::generate;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::qwen3_shaped;
@@ -71,6 +71,7 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
         default_policy: policy,
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits { prefill_chunk: 16, ..StepLimits::default() },
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     }
@@ -242,41 +243,67 @@ async fn wait_until_everything_is_freed(engine: &Engine) {
     panic!("not freed: {:?}", engine.stats().await);
 }
 
+/// A model that panics (while taking in an arrival, half-way through applying a step,
+/// or before a forward) restarts on the same weights and resumes every request it
+/// held from the committed tokens: all of them finish as the sequential reference
+/// does, and everything is freed after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_model_ends_the_requests_it_held_and_keeps_serving() {
+async fn panicking_models_resume_their_requests_and_match_the_reference() {
     let m = models(&[48, 64]);
-    let engine = Engine::start(engine_config(&m, random(0.3), &[1, 1])).await.unwrap();
+    let policy = random(0.3);
+    let want = reference_outputs(&m, policy.clone(), 8);
+    let engine = Engine::start(engine_config(&m, policy, &[1, 1])).await.unwrap();
+    // Armed before any request: the first arrival at m0 and m1's first step fail.
+    engine.inject_fault(0, Fault::Message).unwrap();
+    engine.inject_fault(1, Fault::MidApply).unwrap();
     let mut streams = Vec::new();
-    for i in 0..4 {
-        let mut r = request(i);
-        r.max_tokens = 300;
-        streams.push(engine.generate(r).await.unwrap());
+    for i in 0..8 {
+        streams.push((i, engine.generate(request_in(&m, i)).await.unwrap()));
     }
-    for s in streams.iter_mut() {
-        s.next().await.unwrap();
-    }
-    engine.inject_fault(0);
-    let mut errors = 0;
-    for mut s in streams {
+    for (n, (i, mut stream)) in streams.into_iter().enumerate() {
+        let mut tokens = Vec::new();
         loop {
-            match tokio::time::timeout(Duration::from_secs(60), s.next()).await.expect("no request hangs") {
-                Some(GenerationEvent::Token { .. }) => continue,
-                Some(GenerationEvent::Error { message, .. }) => {
-                    assert!(message.contains("m0"), "{message}");
-                    errors += 1;
-                    break;
+            match tokio::time::timeout(Duration::from_secs(60), stream.next()).await.expect("no request hangs") {
+                Some(GenerationEvent::Token { token, model, .. }) => {
+                    tokens.push((token, model));
+                    if n == 0 && tokens.len() == 1 {
+                        engine.inject_fault(0, Fault::Step).unwrap();
+                    }
                 }
                 Some(GenerationEvent::Finished { .. }) => break,
-                None => panic!("stream ended without a final event"),
+                other => panic!("request {i}: {other:?}"),
             }
         }
+        want[&i].check(&tokens, 1e-4).unwrap_or_else(|e| panic!("request {i}: {e}"));
     }
-    assert!(errors > 0, "the fault hit requests on m0");
-    // The model restarted: new requests are served.
+    let stats = engine.stats().await;
+    assert!(stats[0].restarts >= 1 && stats[1].restarts >= 1, "{stats:?}");
+    assert!(stats.iter().map(|s| s.resumed).sum::<u64>() >= 2, "{stats:?}");
+    wait_until_everything_is_freed(&engine).await;
     let (tokens, end) = collect(&engine, request(9)).await;
     assert!(matches!(end, GenerationEvent::Finished { .. }) && !tokens.is_empty());
-    assert_eq!(engine.stats().await[0].restarts, 1);
     engine.shutdown().await;
+}
+
+/// A model that keeps panicking gives up: what needs it fails with a clear error,
+/// never hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_keeps_failing_fails_its_requests_instead_of_hanging() {
+    let m = models(&[48]);
+    let engine = Engine::start(engine_config(&m, random(0.0), &[1])).await.unwrap();
+    for _ in 0..8 {
+        engine.inject_fault(0, Fault::Message).unwrap();
+        let (_, end) = collect(&engine, request(1)).await;
+        if let GenerationEvent::Error { message, .. } = end {
+            assert!(message.contains("out of service"), "{message}");
+            assert!(engine.stats().await[0].failed);
+            let (_, again) = collect(&engine, request(2)).await;
+            assert!(matches!(again, GenerationEvent::Error { .. }), "{again:?}");
+            wait_until_everything_is_freed(&engine).await;
+            return engine.shutdown().await;
+        }
+    }
+    panic!("the model never gave up: {:?}", engine.stats().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

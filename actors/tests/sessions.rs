@@ -26,6 +26,7 @@ async fn qwen3_engine() -> Option<(Engine, TempDir)> {
         default_policy: policy::build("always", &serde_json::json!({}), &[info], &PolicyContext::default()).unwrap(),
         batching: BatchingRule::eager(1),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     };

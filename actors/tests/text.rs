@@ -45,6 +45,7 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
         default_policy: policy::build(name, &params, &infos, &PolicyContext::default()).unwrap(),
         batching: BatchingRule::eager(dirs.len()),
         limits: StepLimits::default(),
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     }
@@ -123,7 +124,7 @@ async fn a_deadline_ends_the_request_with_an_error() {
     r.deadline = Some(Duration::from_millis(200));
     let out = run(&engine, r).await;
     match out.end {
-        GenerationEvent::Error { message, usage } => {
+        GenerationEvent::Error { message, usage, .. } => {
             assert!(message.contains("deadline"), "{message}");
             assert_eq!(usage.completion_tokens, out.ids.len());
         }

@@ -98,6 +98,7 @@ impl ServerConfig {
             limits: self.step_limits(),
             exclusive_compute: self.scheduler.exclusive_compute,
             replan: self.replan_config(),
+            admission: self.admission_config(),
         };
         let preset_tokenizer = match self.models.iter().any(|m| m.preset.is_some()) {
             true => cache.tokenizer(progress).ok().cloned(),

@@ -66,6 +66,7 @@ pub fn engine_config(m: &Models, thresholds: &[usize]) -> EngineConfig {
         default_policy: random_policy(),
         batching: BatchingRule::fixed(thresholds),
         limits: StepLimits { prefill_chunk: 16, ..StepLimits::default() },
+        admission: Default::default(),
         exclusive_compute: false,
         replan: None,
     }

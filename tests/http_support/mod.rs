@@ -98,6 +98,7 @@ impl TestServer {
             default_policy: default_policy.clone(),
             batching: BatchingRule::eager(names.len()),
             limits: StepLimits::default(),
+            admission: Default::default(),
             exclusive_compute: false,
             replan: None,
         })

@@ -269,7 +269,7 @@ impl Link {
                     let _ = reply.send(s);
                 }
             }
-            ComputeMsg::InjectPanic => self.send_if_up(Frame::InjectPanic(self.model())),
+            ComputeMsg::InjectFault(_) => self.send_if_up(Frame::InjectPanic(self.model())),
             ComputeMsg::Shutdown => {}
         }
     }
@@ -329,6 +329,8 @@ impl Link {
             kv: capacity,
             stats: Default::default(),
             restarts: 0,
+            resumed: 0,
+            failed: false,
         });
         if let Some(loaded) = self.loaded.take() {
             tracing::info!(model = %self.name(), "remote subserver up");

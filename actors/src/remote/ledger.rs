@@ -82,6 +82,12 @@ impl FrontLedger {
                     h.on_node = false;
                 }
             }
+            // The node lost it: the request's owner sends it again from position 0.
+            RequestEvent::Resume { id, .. } => {
+                if let Some(h) = self.held.get_mut(id) {
+                    h.on_node = false;
+                }
+            }
             RequestEvent::Moved { .. } => {}
         }
     }

@@ -21,7 +21,7 @@ use super::cluster::{self, ClusterServer, NODE_GROUP};
 use super::messages::{LinkMsg, NodeMsg};
 use super::node_book::NodeBook;
 use super::wire::{Frame, Hello, Welcome};
-use crate::compute::{self, ComputeLinks, ComputeMsg, Loaded};
+use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, Loaded};
 use crate::config::ModelSpec;
 use crate::error::EngineError;
 use crate::registry::Registry;
@@ -175,7 +175,7 @@ impl Endpoint {
             Frame::SetRule(rule) => self.to_all(|| ComputeMsg::SetRule(rule.to_engine())),
             Frame::StatsRequest { model, nonce } => self.stats(model, nonce).await,
             Frame::Ping { model, nonce } => self.reply(model, Frame::Pong(nonce)),
-            Frame::InjectPanic(model) => self.to_model(model, ComputeMsg::InjectPanic),
+            Frame::InjectPanic(model) => self.to_model(model, ComputeMsg::InjectFault(Fault::Step)),
             other => tracing::warn!(?other, "unexpected frame from a front"),
         }
     }

@@ -58,6 +58,8 @@ pub(crate) fn snapshot_from_json(bytes: &[u8]) -> Option<SubserverSnapshot> {
         },
         stats: serde_json::from_value(v.get("stats")?.clone()).ok()?,
         restarts: v.get("restarts")?.as_u64()?,
+        resumed: v.get("resumed").and_then(Value::as_u64).unwrap_or(0),
+        failed: v.get("failed").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
@@ -79,6 +81,8 @@ mod tests {
             kv: KvCapacity { block_size: 16, total_blocks: 100, free_blocks: 90 },
             stats,
             restarts: 1,
+            resumed: 2,
+            failed: false,
         };
         let back = snapshot_from_json(&serde_json::to_vec(&s).unwrap()).expect("parses");
         assert_eq!(serde_json::to_value(&back).unwrap(), serde_json::to_value(&s).unwrap());

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::policy::{PolicyDescriptor, PolicyState};
-use tokenrouter_core::sched::{BatchingRule, FinishReason, RequestEvent, RequestId, SubserverConfig};
+use tokenrouter_core::sched::{BatchingRule, FinishReason, RequestEvent, RequestId, SubserverConfig, Travel};
 
 use super::codec::{Reader, Writer};
 
@@ -185,6 +185,7 @@ mod event_kind {
     pub const FINISHED_STOP: u8 = 2;
     pub const FINISHED_LENGTH: u8 = 3;
     pub const FAILED: u8 = 4;
+    pub const RESUME: u8 = 5;
 }
 
 impl Frame {
@@ -288,15 +289,7 @@ fn put_arrival(w: &mut Writer, a: &WireArrival) {
     w.usize(a.start);
     w.tokens(&a.suffix);
     w.usize(a.output_len);
-    w.varint(a.policy_state.seed);
-    w.usize(a.policy_state.counters.len());
-    for &c in &a.policy_state.counters {
-        w.varint(c);
-    }
-    w.usize(a.policy_state.values.len());
-    for &v in &a.policy_state.values {
-        w.f32(v);
-    }
+    put_policy_state(w, &a.policy_state);
     w.usizes(&a.seen);
     w.bool(a.spec.is_some());
     if let Some(spec) = &a.spec {
@@ -309,13 +302,29 @@ fn get_arrival(r: &mut Reader<'_>) -> Result<WireArrival, WireError> {
     let start = r.usize()?;
     let suffix = r.tokens()?;
     let output_len = r.usize()?;
+    let policy_state = get_policy_state(r)?;
+    let seen = r.usizes()?;
+    let spec = if r.bool()? { Some(get_spec(r)?) } else { None };
+    Ok(WireArrival { id, spec, start, suffix, output_len, policy_state, seen })
+}
+
+fn put_policy_state(w: &mut Writer, p: &PolicyState) {
+    w.varint(p.seed);
+    w.usize(p.counters.len());
+    for &c in &p.counters {
+        w.varint(c);
+    }
+    w.usize(p.values.len());
+    for &v in &p.values {
+        w.f32(v);
+    }
+}
+
+fn get_policy_state(r: &mut Reader<'_>) -> Result<PolicyState, WireError> {
     let seed = r.varint()?;
     let counters = (0..r.usize()?).map(|_| r.varint()).collect::<Result<_, _>>()?;
     let values = (0..r.usize()?).map(|_| r.f32()).collect::<Result<_, _>>()?;
-    let seen = r.usizes()?;
-    let spec = if r.bool()? { Some(get_spec(r)?) } else { None };
-    let policy_state = PolicyState { seed, counters, values };
-    Ok(WireArrival { id, spec, start, suffix, output_len, policy_state, seen })
+    Ok(PolicyState { seed, counters, values })
 }
 
 fn put_spec(w: &mut Writer, s: &WireSpec) {
@@ -393,6 +402,14 @@ fn put_event(w: &mut Writer, e: &RequestEvent) {
             w.varint(*id);
             w.str(message);
         }
+        RequestEvent::Resume { id, model, output_len, travel } => {
+            w.u8(event_kind::RESUME);
+            w.varint(*id);
+            w.usize(*model);
+            w.usize(*output_len);
+            put_policy_state(w, &travel.policy_state);
+            w.usizes(&travel.seen);
+        }
     }
 }
 
@@ -412,6 +429,12 @@ fn get_event(r: &mut Reader<'_>) -> Result<RequestEvent, WireError> {
         event_kind::FINISHED_STOP => RequestEvent::Finished { id, reason: FinishReason::Stop },
         event_kind::FINISHED_LENGTH => RequestEvent::Finished { id, reason: FinishReason::Length },
         event_kind::FAILED => RequestEvent::Failed { id, message: r.string()? },
+        event_kind::RESUME => {
+            let model = r.usize()?;
+            let output_len = r.usize()?;
+            let travel = Travel { policy_state: get_policy_state(r)?, seen: r.usizes()? };
+            RequestEvent::Resume { id, model, output_len, travel }
+        }
         _ => return Err(WireError::Malformed("unknown event kind")),
     })
 }

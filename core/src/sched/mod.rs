@@ -9,5 +9,5 @@ mod resident;
 pub mod subserver;
 
 pub use batching::{BatchingRule, Threshold};
-pub use request::{Arrival, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
-pub use subserver::{ArrivalError, StepOutcome, Subserver, SubserverConfig, SubserverStats};
+pub use request::{rebuild, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
+pub use subserver::{ArrivalError, FaultPoint, StepOutcome, Subserver, SubserverConfig, SubserverStats};

@@ -33,7 +33,7 @@ impl std::fmt::Debug for RequestSpec {
 
 /// What travels with a request when it moves: its routing state and, per model, how
 /// many tokens of its sequence that model has seen.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Travel {
     pub policy_state: PolicyState,
     /// Per model: length of the sequence prefix that model holds (0 = never visited).
@@ -94,6 +94,14 @@ pub enum RequestEvent {
         id: RequestId,
         message: String,
     },
+    /// `model` lost the request in a panic and restarted: rebuild it there from the
+    /// committed tokens (all `output_len` of them) with this travel state.
+    Resume {
+        id: RequestId,
+        model: ModelIndex,
+        output_len: usize,
+        travel: Travel,
+    },
 }
 
 impl RequestEvent {
@@ -102,7 +110,8 @@ impl RequestEvent {
             RequestEvent::Token { id, .. }
             | RequestEvent::Moved { id, .. }
             | RequestEvent::Finished { id, .. }
-            | RequestEvent::Failed { id, .. } => *id,
+            | RequestEvent::Failed { id, .. }
+            | RequestEvent::Resume { id, .. } => *id,
         }
     }
 }
@@ -119,6 +128,38 @@ impl RequestSpec {
 /// to route a request exactly as the engine would.
 pub fn policy_seed(sampling_seed: u64) -> u64 {
     sampling_seed.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0x5851_F42D_4C95_7F2D
+}
+
+/// What a request looked like when work on it began (a step, or a message), so that
+/// a panic in that work can be undone by rebuilding the request from its committed
+/// tokens, which the request's owner holds.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub spec: Arc<RequestSpec>,
+    pub output_len: usize,
+    pub travel: Travel,
+}
+
+impl Checkpoint {
+    pub fn of_arrival(arrival: &Arrival) -> Self {
+        Checkpoint { spec: arrival.spec.clone(), output_len: arrival.output_len, travel: arrival.travel.clone() }
+    }
+
+    /// The event that asks the request's owner to resume it on `model`.
+    pub fn resume_event(self, model: ModelIndex) -> RequestEvent {
+        RequestEvent::Resume { id: self.spec.id, model, output_len: self.output_len, travel: self.travel }
+    }
+}
+
+/// The whole request from position 0, for a model that holds nothing of it: the
+/// prompt and the committed output, with the travel state it had.
+pub fn rebuild(spec: Arc<RequestSpec>, output: &[u32], mut travel: Travel, model: ModelIndex) -> Arrival {
+    let mut suffix = spec.prompt.clone();
+    suffix.extend_from_slice(output);
+    if let Some(seen) = travel.seen.get_mut(model) {
+        *seen = 0;
+    }
+    Arrival { spec, suffix, start: 0, output_len: output.len(), travel }
 }
 
 /// A new request's entry model (the policy's choice) and its first arrival there.

@@ -8,7 +8,7 @@ use crate::model::sampler::{Sampled, TokenCounts};
 use crate::model::KvSeq;
 use crate::policy::ModelIndex;
 
-use super::request::{Arrival, FinishReason, RequestEvent, RequestSpec, Travel};
+use super::request::{Arrival, Checkpoint, FinishReason, RequestEvent, RequestSpec, Travel};
 use super::subserver::counts_for;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +62,10 @@ impl Resident {
         self.travel = arrival.travel;
         self.status = Status::Ready;
         self.ready_since = now;
+    }
+
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint { spec: self.spec.clone(), output_len: self.output_len, travel: self.travel.clone() }
     }
 
     /// Tokens known but not yet computed here.

@@ -16,7 +16,7 @@ use crate::model::{Backend, ModelError, RowInput};
 use crate::policy::{Decision, ModelIndex, RouteRow};
 
 use super::batching::BatchingRule;
-use super::request::{sampling_logits, Arrival, RequestEvent, RequestId, RequestSpec, Travel};
+use super::request::{sampling_logits, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
 use super::resident::{Resident, Status};
 
 /// Serializable: a front sends it to subservers on other hosts.
@@ -55,6 +55,17 @@ pub enum ArrivalError {
     AlreadyReady(RequestId),
     #[error("request {id} arrives from position {start}, but this model holds only {held} of its tokens")]
     MissingPrefix { id: RequestId, start: usize, held: usize },
+}
+
+/// Where a test makes the next step panic, as a bug in model or scheduling code would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultPoint {
+    /// Before the forward: nothing of the step has happened.
+    BeforeForward,
+    /// After the first row's decision was applied: some rows have committed, moved or
+    /// finished, and none of it has left the step.
+    MidApply,
 }
 
 /// Everything a step produced.
@@ -160,8 +171,10 @@ pub struct Subserver {
     sampler: Sampler,
     stats: SubserverStats,
     pending_clock: u64,
-    /// Requests taken out for the step in progress (to account for them if it panics).
-    running: Vec<RequestId>,
+    /// The requests of the step in progress as they were before it, to rebuild them
+    /// from their committed tokens if it panics.
+    in_flight: Vec<Checkpoint>,
+    fault: Option<FaultPoint>,
 }
 
 struct Row {
@@ -181,18 +194,49 @@ impl Subserver {
             sampler: Sampler::default(),
             stats: SubserverStats::default(),
             pending_clock: 0,
-            running: Vec::new(),
+            in_flight: Vec::new(),
+            fault: None,
         }
     }
 
-    /// Forgets every request (after a failed step their state cannot be trusted) and
-    /// returns their ids; their KV returns to the pool. The model stays loaded.
+    /// Forgets every request and returns their ids (for a model that gives up: they
+    /// end with an error); their KV returns to the pool. The model stays loaded.
     pub fn reset(&mut self) -> Vec<RequestId> {
         let ids = self.resident_ids();
         self.residents.clear();
         self.ready.clear();
-        self.running.clear();
+        self.in_flight.clear();
         ids
+    }
+
+    /// After a panic: the requests of the interrupted step are taken out (their state
+    /// here may be half-updated; their owners rebuild them from the committed tokens,
+    /// see [`Checkpoint`]) and every other request keeps its record but recomputes
+    /// its KV, since the cache the panic left cannot be trusted either.
+    pub fn recover(&mut self) -> Vec<Checkpoint> {
+        let lost = std::mem::take(&mut self.in_flight);
+        for checkpoint in &lost {
+            self.residents.remove(&checkpoint.spec.id);
+        }
+        for resident in self.residents.values_mut() {
+            resident.kv.clear();
+        }
+        let residents = &self.residents;
+        self.ready.retain(|id| residents.get(id).is_some_and(|r| r.status == Status::Ready));
+        let mut missing: Vec<(Instant, RequestId)> = residents
+            .iter()
+            .filter(|(id, r)| r.status == Status::Ready && !self.ready.contains(id))
+            .map(|(id, r)| (r.ready_since, *id))
+            .collect();
+        missing.sort_unstable();
+        self.ready.extend(missing.into_iter().map(|(_, id)| id));
+        lost
+    }
+
+    /// Test hook: the next step panics at `point`.
+    #[doc(hidden)]
+    pub fn inject_fault(&mut self, point: FaultPoint) {
+        self.fault = Some(point);
     }
 
     pub fn config(&self) -> &SubserverConfig {
@@ -273,7 +317,8 @@ impl Subserver {
     /// Ids of every request held here, including any taken out by a step that did
     /// not complete (to end or resume them when this model fails).
     pub fn resident_ids(&self) -> Vec<RequestId> {
-        let mut ids: Vec<RequestId> = self.residents.keys().copied().chain(self.running.iter().copied()).collect();
+        let mut ids: Vec<RequestId> =
+            self.residents.keys().copied().chain(self.in_flight.iter().map(|c| c.spec.id)).collect();
         ids.sort_unstable();
         ids.dedup();
         ids
@@ -340,7 +385,11 @@ impl Subserver {
         let started = Instant::now();
         let mut outcome = StepOutcome::default();
         let mut rows = self.take_batch();
-        self.running = rows.iter().map(|r| r.resident.spec.id).collect();
+        self.in_flight = rows.iter().map(|r| r.resident.checkpoint()).collect();
+        if self.fault == Some(FaultPoint::BeforeForward) {
+            self.fault = None;
+            panic!("injected fault before the forward");
+        }
         let logits = loop {
             match self.forward(&mut rows) {
                 Ok(out) => break out,
@@ -354,7 +403,7 @@ impl Subserver {
                         continue;
                     }
                     let row = rows.pop().expect("one row");
-                    outcome.events.push(self.fail(row.resident, "its context does not fit this model's KV cache"));
+                    outcome.events.push(self.out_of_room(row.resident));
                     break None;
                 }
                 Err(e) => {
@@ -371,7 +420,7 @@ impl Subserver {
             outcome.tokens_fed = rows.iter().map(|r| r.feed).sum();
             self.finish_rows(rows, &out, &mut outcome);
         }
-        self.running.clear();
+        self.in_flight.clear();
         outcome.elapsed = started.elapsed();
         self.stats.steps += 1;
         self.stats.rows += outcome.rows as u64;
@@ -436,6 +485,10 @@ impl Subserver {
         let decisions = self.route(&mut complete, out);
         for ((_, r, sampled), decision) in complete.into_iter().zip(decisions) {
             self.apply(r, sampled, decision, outcome);
+            if self.fault == Some(FaultPoint::MidApply) {
+                self.fault = None;
+                panic!("injected fault in the middle of applying decisions");
+            }
         }
     }
 
@@ -543,6 +596,17 @@ impl Subserver {
 
     fn fail(&mut self, r: Resident, message: &str) -> RequestEvent {
         RequestEvent::Failed { id: r.spec.id, message: message.to_string() }
+    }
+
+    /// A request alone in a step, with every other request's KV here freed, still does
+    /// not fit: its output ends at this model's capacity (as at the context's end),
+    /// and a prompt that cannot fit fails.
+    fn out_of_room(&mut self, r: Resident) -> RequestEvent {
+        if r.output_len > 0 {
+            RequestEvent::Finished { id: r.spec.id, reason: FinishReason::Length }
+        } else {
+            self.fail(r, "its prompt does not fit this model's KV cache")
+        }
     }
 }
 
