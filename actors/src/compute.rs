@@ -15,6 +15,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,15 @@ use crate::registry::Registry;
 /// Bound of every compute inbox. In-flight messages are bounded by active requests;
 /// this only guards against a runaway producer.
 pub(crate) const INBOX_CAPACITY: usize = 65_536;
+
+/// Test hook: how long a compute thread waits between sending a step's events and its
+/// handoffs, widening the window in which a client's release can overtake a move.
+static HANDOFF_DELAY_US: AtomicU64 = AtomicU64::new(0);
+
+#[doc(hidden)]
+pub fn set_handoff_delay_for_tests(delay: Duration) {
+    HANDOFF_DELAY_US.store(delay.as_micros() as u64, Ordering::Relaxed);
+}
 
 /// Panics within [`PANIC_WINDOW`] after which a model gives up.
 const MAX_PANICS: usize = 5;
@@ -350,6 +360,10 @@ impl ComputeLoop {
             self.notify(event);
         }
         let peers = self.links.peers.get().expect("peers are set before serving");
+        let delay = HANDOFF_DELAY_US.load(Ordering::Relaxed);
+        if delay > 0 && !outcome.handoffs.is_empty() {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         for (to, arrival) in outcome.handoffs {
             let id = arrival.spec.id;
             if peers[to].send(ComputeMsg::Arrive(arrival)).is_err() {

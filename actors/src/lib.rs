@@ -17,7 +17,7 @@ pub mod request;
 mod shadow_verifier;
 pub mod tokenizer;
 
-pub use compute::{Fault, SubserverSnapshot};
+pub use compute::{set_handoff_delay_for_tests, Fault, SubserverSnapshot};
 pub use config::{AdmissionConfig, EngineConfig, ModelSpec, StepLimits};
 pub use engine::{Engine, GenerationStream};
 pub use error::EngineError;

@@ -306,6 +306,101 @@ async fn a_model_that_keeps_failing_fails_its_requests_instead_of_hanging() {
     panic!("the model never gave up: {:?}", engine.stats().await);
 }
 
+/// A client that leaves just as its request moves: the release may overtake the move
+/// (the window is widened here by a delay before handoffs leave), and the model the
+/// move lands on must not keep the request, its KV or a pending entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_at_the_moment_of_a_move_leaves_nothing_behind() {
+    tokenrouter_actors::set_handoff_delay_for_tests(Duration::from_millis(3));
+    let m = models(&[48, 64]);
+    let engine = Engine::start(engine_config(&m, random(0.5), &[1, 1])).await.unwrap();
+    for round in 0..4u64 {
+        let mut clients = Vec::new();
+        for i in 0..12u64 {
+            let mut r = request(round * 12 + i);
+            r.max_tokens = 200;
+            let mut stream = engine.generate(r).await.unwrap();
+            let leave_after = 1 + (i as usize * 7 + round as usize) % 13;
+            clients.push(tokio::spawn(async move {
+                for _ in 0..leave_after {
+                    stream.next().await;
+                }
+            }));
+        }
+        for client in clients {
+            client.await.unwrap();
+        }
+    }
+    wait_until_everything_is_freed(&engine).await;
+    let moved: u64 = engine.stats().await.iter().map(|s| s.stats.handoffs_in).sum();
+    assert!(moved > 50, "requests moved while clients left: {moved}");
+    engine.shutdown().await;
+}
+
+/// Churn for a bounded time: streamed clients under random routing (p = 0.5), a third
+/// of them hanging up at random points, panics injected into both models as they go.
+/// No request that was not dropped is lost (each finishes), and afterwards no block,
+/// reservation, pending, ready or active request is left on any model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_with_hang_ups_and_faults_loses_and_leaks_nothing() {
+    let m = models(&[48, 64]);
+    let engine = Engine::start(engine_config(&m, random(0.5), &[1, 1])).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(40);
+    let clients: Vec<_> = (0..12u64)
+        .map(|client| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let (mut finished, mut dropped) = (0, 0);
+                let mut n = 0u64;
+                while std::time::Instant::now() < until {
+                    n += 1;
+                    let mut r = request(client * 1000 + n);
+                    r.max_tokens = 20 + ((client * 31 + n * 17) % 100) as usize;
+                    let hang_up_after = ((client + n) % 3 == 0).then_some(1 + ((client * 7 + n * 13) % 40) as usize);
+                    let mut stream = engine.generate(r).await.expect("admitted");
+                    let mut tokens = 0;
+                    loop {
+                        if hang_up_after == Some(tokens) {
+                            dropped += 1;
+                            break;
+                        }
+                        match tokio::time::timeout(Duration::from_secs(60), stream.next()).await.expect("no hang") {
+                            Some(GenerationEvent::Token { .. }) => tokens += 1,
+                            Some(GenerationEvent::Finished { .. }) => {
+                                finished += 1;
+                                break;
+                            }
+                            other => panic!("request lost: {other:?}"),
+                        }
+                    }
+                }
+                (finished, dropped)
+            })
+        })
+        .collect();
+    let faults = [Fault::Step, Fault::MidApply, Fault::Message];
+    let mut injected = 0;
+    while std::time::Instant::now() + Duration::from_secs(6) < until {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        engine.inject_fault(injected % 2, faults[injected % 3]).unwrap();
+        injected += 1;
+    }
+    let (mut finished, mut dropped) = (0, 0);
+    for client in clients {
+        let (f, d) = client.await.unwrap();
+        finished += f;
+        dropped += d;
+    }
+    wait_until_everything_is_freed(&engine).await;
+    let stats = engine.stats().await;
+    let restarts: u64 = stats.iter().map(|s| s.restarts).sum();
+    eprintln!("churn: {finished} finished, {dropped} dropped, {injected} faults injected, {restarts} survived");
+    assert!(finished > 50 && dropped > 10, "{finished} finished, {dropped} dropped");
+    assert!(restarts >= 4, "the injected faults struck: {stats:?}");
+    assert!(stats.iter().all(|s| !s.failed), "{stats:?}");
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_with_reasons() {
     let m = models(&[48]);

@@ -2,6 +2,7 @@
 //! sequential reference token for token, and every KV block comes back.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,7 +14,7 @@ use tokenrouter_core::model::{CandleBackend, LoadOptions};
 use tokenrouter_core::policy::{policy_uniform, Decision, EntryRequest, ModelIndex, Policy, RouteRow};
 use tokenrouter_core::sched::reference::Reference;
 use tokenrouter_core::sched::request::admit;
-use tokenrouter_core::sched::{BatchingRule, RequestEvent, RequestSpec, Subserver, SubserverConfig};
+use tokenrouter_core::sched::{rebuild, BatchingRule, FaultPoint, RequestEvent, RequestSpec, Subserver, SubserverConfig};
 
 /// Moves to the other model with probability 0.3, discarding the token; comes back
 /// after one token, committing it. Draws depend on (seed, position) only.
@@ -82,10 +83,25 @@ fn specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
         .collect()
 }
 
+type Outputs = HashMap<u64, Vec<(u32, ModelIndex)>>;
+
 /// Runs all requests through two subservers, admitting them in `order`, stepping
 /// whichever may launch; returns each request's tokens and producing models.
-fn serve(subs: &mut [Subserver], specs: &[Arc<RequestSpec>], order: &[usize]) -> HashMap<u64, Vec<(u32, ModelIndex)>> {
-    let mut outputs: HashMap<u64, Vec<(u32, ModelIndex)>> = HashMap::new();
+fn serve(subs: &mut [Subserver], specs: &[Arc<RequestSpec>], order: &[usize]) -> Outputs {
+    serve_with_faults(subs, specs, order, &[]).0
+}
+
+/// [`serve`], with a panic injected into model `m` at step round `r` for each `(r, m,
+/// point)`; a panicked subserver recovers and the requests it lost are rebuilt from
+/// their committed tokens (what a request's owner does). Also returns how many were.
+fn serve_with_faults(
+    subs: &mut [Subserver],
+    specs: &[Arc<RequestSpec>],
+    order: &[usize],
+    faults: &[(usize, usize, FaultPoint)],
+) -> (Outputs, usize) {
+    let mut outputs: Outputs = HashMap::new();
+    let mut resumed = 0;
     let mut active = 0;
     let mut admitted = 0;
     let mut finished = 0;
@@ -105,7 +121,21 @@ fn serve(subs: &mut [Subserver], specs: &[Arc<RequestSpec>], order: &[usize]) ->
             assert!(admitted < order.len(), "deadlock: nothing can launch with {active} active");
             continue;
         };
-        let outcome = subs[i].step();
+        for &(_, m, point) in faults.iter().filter(|f| f.0 == round) {
+            subs[m].inject_fault(point);
+        }
+        let outcome = match catch_unwind(AssertUnwindSafe(|| subs[i].step())) {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                for lost in subs[i].recover() {
+                    let output: Vec<u32> = outputs.get(&lost.spec.id).map(|o| o.iter().map(|t| t.0).collect()).unwrap_or_default();
+                    assert_eq!(output.len(), lost.output_len, "request {}", lost.spec.id);
+                    subs[i].arrive(rebuild(lost.spec.clone(), &output, lost.travel, i)).unwrap();
+                    resumed += 1;
+                }
+                continue;
+            }
+        };
         for (to, arrival) in outcome.handoffs {
             subs[to].arrive(arrival).unwrap();
         }
@@ -121,10 +151,11 @@ fn serve(subs: &mut [Subserver], specs: &[Arc<RequestSpec>], order: &[usize]) ->
                 }
                 RequestEvent::Failed { id, message } => panic!("request {id} failed: {message}"),
                 RequestEvent::Moved { .. } => {}
+                RequestEvent::Resume { .. } => unreachable!("a subserver never asks to resume by itself"),
             }
         }
     }
-    outputs
+    (outputs, resumed)
 }
 
 #[test]
@@ -190,4 +221,41 @@ fn a_tight_kv_pool_evicts_pending_requests_and_still_matches() {
         assert_eq!(ids, want[s.id as usize], "request {}", s.id);
     }
     assert!(subs.iter().map(|s| s.stats().evictions).sum::<u64>() > 0, "the pool was tight enough to evict");
+}
+
+/// A step that panics (before its forward, or half-way through applying decisions)
+/// loses nothing: the subserver recovers, the requests of that step are rebuilt from
+/// their committed tokens, every other one recomputes its KV, and the outputs still
+/// equal the reference's.
+#[test]
+fn panicking_steps_resume_their_requests_and_still_match() {
+    let (small, large) = models();
+    let policy: Arc<dyn Policy> = Arc::new(TestPolicy);
+    let specs = specs(policy, 8);
+    let (mut rs, mut rl) = (load(&small, 512), load(&large, 512));
+    let mut reference = Reference { models: vec![&mut rs, &mut rl], shared_vocab: 400, max_context: 4096 };
+    let want: Vec<Vec<u32>> = specs.iter().map(|s| reference.run(s).unwrap().ids()).collect();
+    let mut subs: Vec<Subserver> = [&small, &large]
+        .iter()
+        .enumerate()
+        .map(|(m, dir)| {
+            Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, 512)), BatchingRule::eager(2))
+        })
+        .collect();
+    let faults: Vec<(usize, usize, FaultPoint)> = (0..12)
+        .map(|k| {
+            let point = if k % 2 == 0 { FaultPoint::MidApply } else { FaultPoint::BeforeForward };
+            (3 + k * 5, k % 2, point)
+        })
+        .collect();
+    let (got, resumed) = serve_with_faults(&mut subs, &specs, &[0, 1, 2, 3, 4, 5, 6, 7], &faults);
+    for s in &specs {
+        let ids: Vec<u32> = got[&s.id].iter().map(|(t, _)| *t).collect();
+        assert_eq!(ids, want[s.id as usize], "request {}", s.id);
+    }
+    assert!(resumed >= 4, "the faults interrupted steps: {resumed} resumed");
+    for sub in &subs {
+        let cap = sub.backend().kv_capacity();
+        assert_eq!(cap.free_blocks, cap.total_blocks, "every KV block comes back");
+    }
 }

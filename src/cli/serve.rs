@@ -74,6 +74,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_limits(limits)
         .with_api_keys(config.server.api_keys.clone())
         .with_served_model(served)
+        .with_fault_injection(config.debug.fault_injection)
         .with_metrics(metrics);
     let server = http::run_server(state, config.server.address(), shutdown_signal()).await?;
     println!("tokenrouter listening on http://{}  (dashboard: http://{}/dashboard)", server.addr(), server.addr());

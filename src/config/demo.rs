@@ -24,6 +24,8 @@ pub fn demo_config() -> ServerConfig {
         },
         scheduler: SchedulerSection::default(),
         server: ServerSection::default(),
+        admission: Default::default(),
+        debug: Default::default(),
         pools: None,
         tokenization: Default::default(),
         cluster: None,

@@ -7,6 +7,7 @@
 //!
 //! Every key and default is documented in `docs/configuration.md`.
 
+mod admission;
 mod cache;
 mod catalog;
 mod demo;
@@ -27,6 +28,7 @@ mod tests_prepare;
 
 use std::path::{Path, PathBuf};
 
+pub use admission::{AdmissionSection, DebugSection};
 pub use cache::{default_cache_dir, ModelCache, TokenizerChoice};
 pub use catalog::{CatalogError, PolicyCatalog};
 pub use demo::demo_config;
@@ -51,6 +53,10 @@ pub struct ServerConfig {
     pub scheduler: SchedulerSection,
     #[serde(default)]
     pub server: ServerSection,
+    #[serde(default)]
+    pub admission: AdmissionSection,
+    #[serde(default)]
+    pub debug: DebugSection,
     /// Dual-pool routing over pools of engines (absent: one engine).
     #[serde(default)]
     pub pools: Option<PoolsSection>,

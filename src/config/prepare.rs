@@ -116,6 +116,10 @@ impl ServerConfig {
         Ok(self.prepare(cache, progress)?.engine)
     }
 
+    pub fn admission_config(&self) -> tokenrouter_actors::AdmissionConfig {
+        self.admission.to_engine()
+    }
+
     pub fn step_limits(&self) -> StepLimits {
         StepLimits {
             max_batch_rows: self.scheduler.max_batch_rows,

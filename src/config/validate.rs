@@ -27,6 +27,9 @@ impl ServerConfig {
         self.check_server(&mut problems);
         self.check_pools(&mut problems);
         self.tokenization.check(&mut problems);
+        for (key, message) in self.admission.problems() {
+            problems.push(key, message);
+        }
         if let Some(cluster) = &self.cluster {
             for (key, message) in cluster.problems(&self.model_names()) {
                 problems.push(key, message);

@@ -28,6 +28,12 @@ pub enum ApiError {
     QueueFull { limit: usize },
     /// 503: the server is shutting down.
     ShuttingDown,
+    /// 503 with `Retry-After`: no KV became free within the wait limit.
+    Overloaded { message: String, retry_after_s: u64 },
+    /// 503: a model the request needs is out of service.
+    Unavailable(String),
+    /// 504: the request's time limit ran out.
+    Timeout(String),
     /// 500: anything else; the message is logged and returned.
     Internal(String),
 }
@@ -44,7 +50,10 @@ impl ApiError {
             ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::Overloaded { .. } | ApiError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -59,6 +68,9 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
             ApiError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
             ApiError::ShuttingDown => ("service_unavailable_error", Some("shutting_down")),
+            ApiError::Overloaded { .. } => ("service_unavailable_error", Some("kv_wait_timeout")),
+            ApiError::Unavailable(_) => ("service_unavailable_error", Some("model_unavailable")),
+            ApiError::Timeout(_) => ("timeout_error", Some("request_timeout")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
         }
     }
@@ -92,6 +104,9 @@ impl fmt::Display for ApiError {
                 write!(f, "the server is at its limit of {limit} requests in flight; retry later")
             }
             ApiError::ShuttingDown => f.write_str("the server is shutting down"),
+            ApiError::Overloaded { message, .. } | ApiError::Unavailable(message) | ApiError::Timeout(message) => {
+                f.write_str(message)
+            }
             ApiError::Internal(m) => write!(f, "internal error: {m}"),
         }
     }
@@ -108,7 +123,11 @@ impl ResponseError for ApiError {
         if let ApiError::Internal(m) = self {
             tracing::error!(message = %m, "request failed");
         }
-        HttpResponse::build(self.status()).json(self.envelope())
+        let mut response = HttpResponse::build(self.status());
+        if let ApiError::Overloaded { retry_after_s, .. } = self {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, retry_after_s.to_string()));
+        }
+        response.json(self.envelope())
     }
 }
 
@@ -116,9 +135,15 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::InvalidRequest(m) => ApiError::BadRequest { message: m, param: None },
-            // The request can never fit this engine's KV: the client must ask for less.
-            e @ EngineError::TooLarge { .. } => ApiError::bad_request(e.to_string(), Some("max_tokens")),
+            // The prompt can never fit this engine's KV: the client must send less.
+            e @ EngineError::TooLarge { .. } => ApiError::bad_request(e.to_string(), None),
             EngineError::ShuttingDown => ApiError::ShuttingDown,
+            EngineError::QueueFull { limit } => ApiError::QueueFull { limit },
+            e @ EngineError::Overloaded { retry_after, .. } => {
+                ApiError::Overloaded { message: e.to_string(), retry_after_s: retry_after.as_secs_f64().ceil() as u64 }
+            }
+            e @ EngineError::DeadlineExceeded { .. } => ApiError::Timeout(e.to_string()),
+            EngineError::ModelUnavailable(m) => ApiError::Unavailable(m),
             e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => {
                 ApiError::Internal(e.to_string())
             }
@@ -154,6 +179,9 @@ mod tests {
             (ApiError::PayloadTooLarge { limit: 10 }, 413, None),
             (ApiError::QueueFull { limit: 1 }, 429, None),
             (ApiError::ShuttingDown, 503, None),
+            (ApiError::Overloaded { message: "wait".into(), retry_after_s: 3 }, 503, None),
+            (ApiError::Unavailable("gone".into()), 503, None),
+            (ApiError::Timeout("late".into()), 504, None),
             (ApiError::Internal("boom".into()), 500, None),
         ];
         for (error, status, param) in cases {
@@ -173,6 +201,14 @@ mod tests {
         assert_eq!(ApiError::from(EngineError::ShuttingDown).status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(ApiError::from(EngineError::Internal("x".into())).status(), StatusCode::INTERNAL_SERVER_ERROR);
         let too_large = ApiError::from(EngineError::TooLarge { needed: 9, capacity: 8, model: "m".into() });
-        assert_eq!(too_large.param(), Some("max_tokens"));
+        assert_eq!(too_large.status(), StatusCode::BAD_REQUEST);
+        let waited = std::time::Duration::from_secs(30);
+        let overloaded = ApiError::from(EngineError::Overloaded { waited, retry_after: waited / 4 });
+        let response = overloaded.error_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers().get("retry-after").unwrap(), "8");
+        assert_eq!(ApiError::from(EngineError::QueueFull { limit: 2 }).status(), StatusCode::TOO_MANY_REQUESTS);
+        let late = EngineError::DeadlineExceeded { limit: waited };
+        assert_eq!(ApiError::from(late).status(), StatusCode::GATEWAY_TIMEOUT);
     }
 }

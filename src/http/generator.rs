@@ -9,7 +9,7 @@ use futures::FutureExt;
 use serde::Serialize;
 use tokenrouter_actors::kv_manager::KvUsage;
 use tokenrouter_actors::tokenizer::RenderedChat;
-use tokenrouter_actors::{Engine, EngineError, GenerateRequest, GenerationEvent, SubserverSnapshot};
+use tokenrouter_actors::{Engine, EngineError, Fault, GenerateRequest, GenerationEvent, SubserverSnapshot};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 
 /// Events of one request. Dropping the stream must cancel the request and free its
@@ -86,6 +86,11 @@ pub trait Generator: Send + Sync + 'static {
 
     /// Every model's subserver is up and answering.
     fn ready(&self) -> BoxFuture<'_, bool>;
+
+    /// Test hook: model `model` panics at `fault` (see `/debug/fault`).
+    fn inject_fault(&self, _model: usize, _fault: Fault) -> Result<(), EngineError> {
+        Err(EngineError::InvalidRequest("this server cannot inject faults".into()))
+    }
 }
 
 impl Generator for Engine {
@@ -153,5 +158,9 @@ impl Generator for Engine {
 
     fn ready(&self) -> BoxFuture<'_, bool> {
         async move { Engine::stats(self).await.len() == Engine::model_names(self).len() }.boxed()
+    }
+
+    fn inject_fault(&self, model: usize, fault: Fault) -> Result<(), EngineError> {
+        Engine::inject_fault(self, model, fault)
     }
 }

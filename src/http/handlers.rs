@@ -76,7 +76,7 @@ async fn collect(mut events: EventStream, shape: Shape) -> Result<Value, ApiErro
                 collected.token(TokenInfo { token, model, logprob, top_logprobs }, &text);
             }
             GenerationEvent::Finished { reason, usage, text, .. } => return Ok(collected.finish(reason, &usage, &text)),
-            GenerationEvent::Error { message, .. } => return Err(ApiError::Internal(message)),
+            GenerationEvent::Error { error, .. } => return Err(ApiError::from(error)),
         }
     }
     Err(ApiError::Internal("the engine ended the request without a final event".into()))

@@ -10,6 +10,7 @@
 //! `/v1/models` routes need `Authorization: Bearer <key>`; `/health`, `/metrics` and
 //! `/v1/stats` are operational read-only views and need none.
 
+mod debug;
 mod error;
 mod extract;
 mod generator;
@@ -45,7 +46,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/stats", web::get().to(info::stats))
         .route("/health", web::get().to(info::health))
         .route("/metrics", web::get().to(info::metrics))
-        .route("/dashboard", web::get().to(dashboard));
+        .route("/dashboard", web::get().to(dashboard))
+        .route("/debug/fault", web::post().to(debug::inject_fault));
 }
 
 async fn dashboard() -> actix_web::HttpResponse {

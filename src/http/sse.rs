@@ -66,7 +66,7 @@ impl SseStream {
                 self.queue.extend(chunks.iter().map(data_frame));
                 self.end();
             }
-            GenerationEvent::Error { message, .. } => self.fail(ApiError::Internal(message)),
+            GenerationEvent::Error { error, .. } => self.fail(ApiError::from(error)),
         }
     }
 

@@ -58,6 +58,8 @@ pub struct AppState {
     pub created: u64,
     /// Renders `/metrics`; `None` serves an empty page (no recorder installed).
     pub metrics: Option<PrometheusHandle>,
+    /// `POST /debug/fault` is served (config `debug.fault_injection`).
+    pub fault_injection: bool,
     admission: Arc<Semaphore>,
     shutting_down: Arc<AtomicBool>,
     next_id: Arc<AtomicU64>,
@@ -78,6 +80,7 @@ impl AppState {
             served_model,
             created: unix_now(),
             metrics: None,
+            fault_injection: false,
             shutting_down: Arc::new(AtomicBool::new(false)),
             next_id: Arc::new(AtomicU64::new(1)),
         }
@@ -96,6 +99,11 @@ impl AppState {
 
     pub fn with_served_model(mut self, id: impl Into<String>) -> Self {
         self.served_model = id.into();
+        self
+    }
+
+    pub fn with_fault_injection(mut self, on: bool) -> Self {
+        self.fault_injection = on;
         self
     }
 

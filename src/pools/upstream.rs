@@ -106,7 +106,7 @@ fn events_of(body: BoxStream<'static, reqwest::Result<bytes::Bytes>>) -> EventSt
 
 impl SseState {
     fn fail(&mut self, message: String) {
-        self.ready.push_back(GenerationEvent::Error { message, usage: Usage::default() });
+        self.ready.push_back(GenerationEvent::error(EngineError::Internal(message), Usage::default()));
         self.done = true;
     }
 

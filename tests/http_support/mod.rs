@@ -13,7 +13,9 @@ use futures::FutureExt;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tokenrouter::actors::tokenizer::RenderedChat;
-use tokenrouter::actors::{Engine, EngineConfig, EngineError, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
+use tokenrouter::actors::{
+    AdmissionConfig, Engine, EngineConfig, EngineError, GenerateRequest, GenerationEvent, ModelSpec, StepLimits,
+};
 use tokenrouter::core::model::init::{copy_tokenizer, write_random_model, InitOptions};
 use tokenrouter::core::model::presets::preset;
 use tokenrouter::core::model::LoadOptions;
@@ -41,6 +43,33 @@ pub fn test_limits() -> Limits {
         keep_alive_interval: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(10),
         workers: Some(1),
+    }
+}
+
+/// What a test server runs: its models, policy, limits and engine settings.
+pub struct Setup {
+    pub names: Vec<String>,
+    pub first_seed: u64,
+    pub policy: (String, Value),
+    pub limits: Limits,
+    pub keys: Vec<String>,
+    pub admission: AdmissionConfig,
+    pub kv_budget_bytes: usize,
+    pub fault_injection: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            names: vec!["small".into(), "large".into()],
+            first_seed: 11,
+            policy: ("random".into(), json!({ "p": 0.5 })),
+            limits: test_limits(),
+            keys: Vec::new(),
+            admission: AdmissionConfig::default(),
+            kv_budget_bytes: 8 << 20,
+            fault_injection: false,
+        }
     }
 }
 
@@ -77,37 +106,55 @@ impl TestServer {
         keys: Vec<String>,
         signal: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Option<TestServer> {
+        let setup = Setup {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            first_seed,
+            policy: (policy.0.to_string(), policy.1),
+            limits,
+            keys,
+            ..Setup::default()
+        };
+        Self::start_setup(setup, signal).await
+    }
+
+    pub async fn start_setup(
+        setup: Setup,
+        signal: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<TestServer> {
         let tokenizer = qwen3_tokenizer()?;
         let mut config = preset("tiny").unwrap();
         config.max_position_embeddings = CONTEXT;
         let mut models = Vec::new();
         let mut specs = Vec::new();
-        for (i, name) in names.iter().enumerate() {
+        for (i, name) in setup.names.iter().enumerate() {
             let dir = TempDir::new().unwrap();
-            write_random_model(&config, &InitOptions { seed: first_seed + i as u64, std: 0.1 }, dir.path()).unwrap();
+            let init = InitOptions { seed: setup.first_seed + i as u64, std: 0.1 };
+            write_random_model(&config, &init, dir.path()).unwrap();
             copy_tokenizer(&tokenizer, dir.path()).unwrap();
-            let load = LoadOptions { kv_budget_bytes: 8 << 20, ..LoadOptions::default() };
+            let load = LoadOptions { kv_budget_bytes: setup.kv_budget_bytes, ..LoadOptions::default() };
             specs.push(ModelSpec { name: name.to_string(), path: dir.path().to_path_buf(), load });
             models.push(dir);
         }
         let infos: Vec<ModelInfo> =
             specs.iter().map(|s| ModelInfo { name: s.name.clone(), hidden_size: 64, vocab_size: 151_936 }).collect();
-        let default_policy = policy::build(policy.0, &policy.1, &infos, &PolicyContext::default()).unwrap();
+        let default_policy =
+            policy::build(&setup.policy.0, &setup.policy.1, &infos, &PolicyContext::default()).unwrap();
         let engine = Engine::start(EngineConfig {
             models: specs,
             default_policy: default_policy.clone(),
-            batching: BatchingRule::eager(names.len()),
+            batching: BatchingRule::eager(setup.names.len()),
             limits: StepLimits::default(),
-            admission: Default::default(),
+            admission: setup.admission,
             exclusive_compute: false,
             replan: None,
         })
         .await
         .unwrap();
         let state = AppState::new(Arc::new(engine.clone()), Arc::new(DefaultPolicyOnly::new(&*default_policy)))
-            .with_limits(limits)
-            .with_api_keys(keys)
+            .with_limits(setup.limits)
+            .with_api_keys(setup.keys)
             .with_served_model("tokenrouter-test")
+            .with_fault_injection(setup.fault_injection)
             .with_metrics(install_metrics_recorder().unwrap());
         let server = run_server(state.clone(), "127.0.0.1:0", signal).await.unwrap();
         let url = format!("http://{}", server.addr());
@@ -207,7 +254,7 @@ impl Generator for StallThenFail {
         let stall = self.stall;
         let events = futures::stream::once(async move {
             tokio::time::sleep(stall).await;
-            GenerationEvent::Error { message: "scripted failure".into(), usage: Default::default() }
+            GenerationEvent::error(EngineError::Internal("scripted failure".into()), Default::default())
         });
         async move { Ok(Box::pin(events) as EventStream) }.boxed()
     }

@@ -1,0 +1,192 @@
+//! Time limits and admission through HTTP: the KV wait (503 with Retry-After, or an
+//! error event once a stream has started, with keep-alive comments while it waits),
+//! a full admission queue (429), the request time limit (504), requests without
+//! `max_tokens`, and opt-in fault injection.
+
+mod http_support;
+
+use std::time::Duration;
+
+use http_support::{assert_envelope, chat, sse_chunks, test_limits, Setup, TestServer, CONTEXT};
+use serde_json::{json, Value};
+use tokenrouter::actors::AdmissionConfig;
+
+/// KV for this many tokens per model (the tiny preset stores 512 bytes per token).
+const CAPACITY_TOKENS: usize = 1152;
+const LONG: usize = 1000;
+
+/// Two tiny models whose KV holds one long request at a time (reservations are
+/// prompt + max_tokens here, to make "full" easy to reach).
+fn one_at_a_time(admission: AdmissionConfig) -> Setup {
+    let mut limits = test_limits();
+    limits.max_tokens_limit = CONTEXT;
+    limits.keep_alive_interval = Duration::from_millis(50);
+    Setup {
+        kv_budget_bytes: CAPACITY_TOKENS * 512,
+        admission: AdmissionConfig { output_headroom: CONTEXT, ..admission },
+        limits,
+        ..Setup::default()
+    }
+}
+
+async fn start(setup: Setup) -> Option<TestServer> {
+    TestServer::start_setup(setup, futures::future::pending()).await
+}
+
+/// A long streamed generation that holds most of the KV while it runs (seconds on
+/// these models); dropping the response cancels it.
+async fn hold_the_kv(server: &TestServer) -> reqwest::Response {
+    let mut body = chat("hold", LONG, 1);
+    body["stream"] = json!(true);
+    let response = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    let mut response = response;
+    let first = response.chunk().await.unwrap().expect("a first chunk");
+    assert!(!first.is_empty());
+    let usage = server.engine.kv_usage().await.unwrap();
+    assert_eq!(usage.admitted, 1, "{usage:?}");
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_too_long_for_kv_gets_503_with_retry_after() {
+    let admission = AdmissionConfig { kv_wait_timeout: Duration::from_millis(150), ..AdmissionConfig::default() };
+    let Some(server) = start(one_at_a_time(admission)).await else { return };
+    let holder = hold_the_kv(&server).await;
+    let response = server.post("/v1/chat/completions", &chat("wait", LONG, 2)).await;
+    assert_eq!(response.status(), 503);
+    let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry_after >= 1);
+    let body: Value = response.json().await.unwrap();
+    assert_envelope(&body, None);
+    assert_eq!(body["error"]["code"], "kv_wait_timeout");
+    drop(holder);
+    server.wait_all_kv_free().await;
+    assert_eq!(server.engine.kv_usage().await.unwrap().reserved_tokens, 0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_admission_queue_answers_429() {
+    let admission = AdmissionConfig { max_waiting: 1, ..AdmissionConfig::default() };
+    let Some(server) = start(one_at_a_time(admission)).await else { return };
+    let holder = hold_the_kv(&server).await;
+    let mut waiting = chat("waits", LONG, 2);
+    waiting["stream"] = json!(true);
+    let queued = server.post("/v1/chat/completions", &waiting).await;
+    assert_eq!(queued.status(), 200, "a streamed request in the queue has its headers");
+    let (status, body) = server.post_json("/v1/chat/completions", &chat("refused", LONG, 3)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_envelope(&body, None);
+    drop((holder, queued));
+    server.wait_all_kv_free().await;
+    assert_eq!(server.engine.kv_usage().await.unwrap().waiting, 0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_request_waiting_for_kv_gets_keep_alives_then_an_error_event() {
+    let admission = AdmissionConfig { kv_wait_timeout: Duration::from_millis(400), ..AdmissionConfig::default() };
+    let Some(server) = start(one_at_a_time(admission)).await else { return };
+    let holder = hold_the_kv(&server).await;
+    let mut body = chat("waits", LONG, 2);
+    body["stream"] = json!(true);
+    let started = std::time::Instant::now();
+    let response = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(response.status(), 200);
+    assert!(started.elapsed() < Duration::from_millis(400), "headers before the wait ends");
+    let text = response.text().await.unwrap();
+    assert!(text.matches(": keep-alive").count() >= 2, "{text}");
+    let chunks = sse_chunks(&text);
+    let error = chunks.iter().find(|c| c.get("error").is_some()).expect("an error event");
+    assert_eq!(error["error"]["code"], "kv_wait_timeout", "{text}");
+    drop(holder);
+    server.wait_all_kv_free().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_time_limit_ends_a_request_with_504() {
+    let admission = AdmissionConfig { request_timeout: Some(Duration::from_millis(300)), ..AdmissionConfig::default() };
+    let Some(server) = start(one_at_a_time(admission)).await else { return };
+    let (status, body) = server.post_json("/v1/chat/completions", &chat("slow", LONG, 1)).await;
+    assert_eq!(status, 504, "{body}");
+    assert_envelope(&body, None);
+    assert_eq!(body["error"]["code"], "request_timeout");
+    let mut streamed = chat("slow", LONG, 2);
+    streamed["stream"] = json!(true);
+    let text = server.post("/v1/chat/completions", &streamed).await.text().await.unwrap();
+    let chunks = sse_chunks(&text);
+    assert!(chunks.len() > 1, "tokens came before the limit: {text}");
+    assert_eq!(chunks.last().unwrap()["error"]["code"], "request_timeout", "{text}");
+    server.wait_all_kv_free().await;
+    server.stop().await;
+}
+
+/// What most clients send: no `max_tokens`. The worst case (the whole context) is more
+/// than a model's KV holds, yet the request is served, and its output ends with
+/// `length` where the KV runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_max_tokens_is_served_and_ends_with_length_at_capacity() {
+    let mut limits = test_limits();
+    limits.max_tokens_limit = CONTEXT;
+    let capacity = 512;
+    let setup = Setup { kv_budget_bytes: capacity * 512, limits, ..Setup::default() };
+    let Some(server) = start(setup).await else { return };
+    let body = json!({
+        "model": "tokenrouter-test",
+        "messages": [{"role": "user", "content": "Tell me everything."}],
+        "seed": 5,
+        "ignore_eos": true,
+    });
+    let (status, response) = server.post_json("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(response["choices"][0]["finish_reason"], "length");
+    let usage = &response["usage"];
+    let total = usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap();
+    assert!((capacity as u64 - 16..=capacity as u64 + 1).contains(&total), "ended at the KV's end: {usage}");
+    // Several such requests at once share the KV by use, preempting and recomputing.
+    let requests = (0..4).map(|seed| {
+        let mut body = body.clone();
+        body["seed"] = json!(seed);
+        let server = &server;
+        async move { server.post_json("/v1/chat/completions", &body).await }
+    });
+    for (status, response) in futures::future::join_all(requests).await {
+        assert_eq!(status, 200, "{response}");
+        assert_eq!(response["choices"][0]["finish_reason"], "length");
+    }
+    server.wait_all_kv_free().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_injection_is_off_unless_configured_and_requests_survive_it() {
+    let Some(server) = start(Setup::default()).await else { return };
+    let fault = json!({"model": "small", "point": "step"});
+    let (status, body) = server.post_json("/debug/fault", &fault).await;
+    assert_eq!(status, 404, "{body}");
+    server.stop().await;
+
+    let Some(server) = start(Setup { fault_injection: true, ..Setup::default() }).await else { return };
+    let (status, body) = server.post_json("/debug/fault", &json!({"model": "nope"})).await;
+    assert_eq!(status, 400, "{body}");
+    for point in ["step", "mid_apply", "message"] {
+        for model in ["small", "large"] {
+            let (status, body) = server.post_json("/debug/fault", &json!({"model": model, "point": point})).await;
+            assert_eq!(status, 200, "{body}");
+        }
+        let replies = (0..3).map(|seed| server.post_json("/v1/chat/completions", &chat("survive", 40, seed)));
+        for (status, body) in futures::future::join_all(replies).await {
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["usage"]["completion_tokens"], 40);
+        }
+    }
+    let stats: Value = server.get("/v1/stats").await.json().await.unwrap();
+    let restarts: u64 = stats["models"].as_array().unwrap().iter().map(|m| m["restarts"].as_u64().unwrap()).sum();
+    assert!(restarts >= 4, "{stats}");
+    let mut events = server.engine.stats().await.into_iter();
+    assert!(events.all(|s| !s.failed));
+    server.wait_all_kv_free().await;
+    server.stop().await;
+}
