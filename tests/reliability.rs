@@ -176,7 +176,11 @@ async fn fault_injection_is_off_unless_configured_and_requests_survive_it() {
             let (status, body) = server.post_json("/debug/fault", &json!({"model": model, "point": point})).await;
             assert_eq!(status, 200, "{body}");
         }
-        let replies = (0..3).map(|seed| server.post_json("/v1/chat/completions", &chat("survive", 40, seed)));
+        let server = &server;
+        let replies = (0..3).map(|seed| async move {
+            let body = chat("survive", 40, seed);
+            server.post_json("/v1/chat/completions", &body).await
+        });
         for (status, body) in futures::future::join_all(replies).await {
             assert_eq!(status, 200, "{body}");
             assert_eq!(body["usage"]["completion_tokens"], 40);

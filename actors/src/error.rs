@@ -19,7 +19,7 @@ pub enum EngineError {
     #[error("no KV became free within {:.1}s; retry later", waited.as_secs_f64())]
     Overloaded { waited: Duration, retry_after: Duration },
     /// The request ran out of time (504).
-    #[error("the request's time limit of {:.1}s ran out", limit.as_secs_f64())]
+    #[error("deadline exceeded: the request's time limit of {:.1}s ran out", limit.as_secs_f64())]
     DeadlineExceeded { limit: Duration },
     /// A model the request needs is out of service (503).
     #[error("{0}")]
