@@ -308,19 +308,21 @@ async fn a_model_that_keeps_failing_fails_its_requests_instead_of_hanging() {
 
 /// A client that leaves just as its request moves: the release may overtake the move
 /// (the window is widened here by a delay before handoffs leave), and the model the
-/// move lands on must not keep the request, its KV or a pending entry.
+/// move lands on for the first time must not keep the request, its KV or a pending
+/// entry. With p = 1 every request moves at its first decision, so clients that
+/// leave at once or after one token race the move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_at_the_moment_of_a_move_leaves_nothing_behind() {
     tokenrouter_actors::set_handoff_delay_for_tests(Duration::from_millis(3));
     let m = models(&[48, 64]);
-    let engine = Engine::start(engine_config(&m, random(0.5), &[1, 1])).await.unwrap();
+    let engine = Engine::start(engine_config(&m, random(1.0), &[1, 1])).await.unwrap();
     for round in 0..4u64 {
         let mut clients = Vec::new();
         for i in 0..12u64 {
             let mut r = request(round * 12 + i);
             r.max_tokens = 200;
             let mut stream = engine.generate(r).await.unwrap();
-            let leave_after = 1 + (i as usize * 7 + round as usize) % 13;
+            let leave_after = (i % 2) as usize;
             clients.push(tokio::spawn(async move {
                 for _ in 0..leave_after {
                     stream.next().await;
@@ -332,8 +334,6 @@ async fn cancelling_at_the_moment_of_a_move_leaves_nothing_behind() {
         }
     }
     wait_until_everything_is_freed(&engine).await;
-    let moved: u64 = engine.stats().await.iter().map(|s| s.stats.handoffs_in).sum();
-    assert!(moved > 50, "requests moved while clients left: {moved}");
     engine.shutdown().await;
 }
 
