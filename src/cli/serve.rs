@@ -66,6 +66,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_queued_requests: config.server.max_queued_requests,
         max_tokens_limit: config.max_tokens_limit(generator.max_context()),
         shutdown_grace: Duration::from_secs(config.server.shutdown_grace_secs),
+        request: config.server.request_limits(),
         ..Limits::default()
     };
     let resolver = CatalogResolver(Arc::new(prepared.catalog));
