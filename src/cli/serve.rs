@@ -164,6 +164,14 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 struct CatalogResolver(Arc<PolicyCatalog>);
 
 impl PolicyResolver for CatalogResolver {
+    fn policy_names(&self) -> Vec<String> {
+        let mut names = self.0.names();
+        if !self.0.is_allowed("default") {
+            names.push("default".into());
+        }
+        names
+    }
+
     fn resolve(&self, routing: Option<&RoutingRequest>) -> Result<Option<Arc<dyn Policy>>, ApiError> {
         let Some(r) = routing.filter(|r| r.policy.is_some() || r.params.is_some()) else { return Ok(None) };
         self.0

@@ -23,6 +23,8 @@ struct Bounds<'a> {
     max_body_bytes: usize,
     /// The ids `model` may name (others get 404).
     models: Vec<String>,
+    /// The names `routing.policy` may take (empty: unknown).
+    policies: Vec<String>,
 }
 
 pub async fn openapi(state: web::Data<AppState>) -> HttpResponse {
@@ -37,6 +39,7 @@ pub fn document(state: &AppState) -> Value {
         vocab: state.engine.vocab_size(),
         max_body_bytes: state.limits.max_body_bytes,
         models: model_ids(state),
+        policies: state.policies.policy_names(),
     };
     let mut doc = json!({
         "openapi": "3.0.3",
@@ -287,7 +290,7 @@ fn completion_request(b: &Bounds) -> Value {
 }
 
 fn chat_message() -> Value {
-    let part = json!({ "type": "object", "required": ["type"],
+    let part = json!({ "type": "object", "required": ["type", "text"],
         "properties": { "type": { "type": "string", "enum": ["text"] }, "text": { "type": "string" } } });
     json!({
         "type": "object",
@@ -301,10 +304,14 @@ fn chat_message() -> Value {
 }
 
 fn routing(b: &Bounds) -> Value {
+    let mut policy = json!({ "type": "string", "description": "A policy the server allows; absent: the default." });
+    if !b.policies.is_empty() {
+        policy["enum"] = json!(b.policies);
+    }
     json!({
         "type": "object",
         "properties": {
-            "policy": { "type": "string", "description": "A policy the server allows; absent: the default." },
+            "policy": policy,
             "params": { "type": "object", "nullable": true,
                 "description": format!("The policy's parameters; at most {} bytes as JSON.", b.request.max_routing_params_bytes) },
             "trace": { "type": "boolean", "description": "Report which model produced each token." },

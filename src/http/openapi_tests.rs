@@ -108,6 +108,8 @@ fn the_bounds_are_the_servers_limits() {
     assert_eq!(chat["top_logprobs"]["maximum"], 4);
     assert_eq!(chat["session_id"]["maxLength"], 9);
     assert_eq!(chat["model"]["enum"], json!(["small", "large"]), "the served id, then the engine's others");
+    let routing = &doc["components"]["schemas"]["Routing"]["properties"];
+    assert_eq!(routing["policy"]["enum"], json!(["random", "default"]), "the resolver's names");
     let completion = &doc["components"]["schemas"]["CompletionRequest"]["properties"];
     assert_eq!(completion["logprobs"]["maximum"], 4);
     assert_eq!(completion["prompt"]["oneOf"][1]["items"]["maximum"], 999);
