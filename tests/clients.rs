@@ -69,21 +69,28 @@ fn start() -> Option<Server> {
     panic!("server exited before listening");
 }
 
-fn tool(var: &str, default: &str) -> Option<String> {
+/// The program `$var` (else `default`) when it runs. One `.ci/run` always installs follows the
+/// asset rule (skip, or fail under TOKENROUTER_REQUIRE_ASSETS=1); others skip (curl, and
+/// chromium, whose apt-get install `.ci/run` lets fail).
+fn tool(var: &str, default: &str, ci_installs: bool) -> Option<String> {
     let path = std::env::var(var).unwrap_or_else(|_| default.to_string());
     let found = Command::new(&path).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    if !found {
-        eprintln!("skipping: {path} not available (set {var}; .ci/run installs it)");
+    match (found, ci_installs) {
+        (true, _) => Some(path),
+        (false, true) => tokenrouter::core::assets::missing(format_args!("{path} (set {var}; .ci/run installs it)")),
+        (false, false) => {
+            eprintln!("skipping: {path} not available (set {var})");
+            None
+        }
     }
-    found.then_some(path)
 }
 
 #[test]
 fn the_official_openai_client_streams_and_reads_usage() {
-    let Some(python) = tool("TOKENROUTER_PYTHON", "python3") else { return };
+    let Some(python) = tool("TOKENROUTER_PYTHON", "python3", true) else { return };
     let has_openai = Command::new(&python).args(["-c", "import openai"]).status().map(|s| s.success()).unwrap_or(false);
     if !has_openai {
-        eprintln!("skipping: the openai package is not installed for {python}");
+        tokenrouter::core::assets::missing::<()>(format_args!("the openai package for {python}"));
         return;
     }
     let Some(server) = start() else { return };
@@ -96,7 +103,7 @@ fn the_official_openai_client_streams_and_reads_usage() {
 
 #[test]
 fn curl_example_streams_sse_with_routing_trace() {
-    let Some(_) = tool("CURL", "curl") else { return };
+    let Some(_) = tool("CURL", "curl", false) else { return };
     let Some(server) = start() else { return };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/curl.sh");
     let out = Command::new("bash").arg(script).arg(&server.url).output().unwrap();
@@ -109,7 +116,7 @@ fn curl_example_streams_sse_with_routing_trace() {
 
 #[test]
 fn dashboard_loads_in_headless_chromium_and_shows_both_models() {
-    let Some(chromium) = tool("CHROMIUM", "chromium") else { return };
+    let Some(chromium) = tool("CHROMIUM", "chromium", false) else { return };
     let Some(server) = start() else { return };
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
     std::fs::create_dir_all(&out_dir).unwrap();

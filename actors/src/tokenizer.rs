@@ -2,14 +2,29 @@
 //! session state of incremental tokenization (DESIGN.md §7): a request that continues a
 //! session (by id, or by a long common prefix) re-tokenizes only its end. Sampled spliced
 //! results go to the shadow verifier's thread.
+//!
+//! The actor only dispatches: rendering and tokenizing run on a small pool of OS threads
+//! (`pool`), which reply to the caller themselves. So a long prompt blocks neither the async
+//! runtime nor the requests behind it, and prompts tokenize in parallel.
 
+mod pool;
+mod sessions;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokenrouter_core::tokenize::incremental::{
-    Continuation, EncodePath, FallbackReason, SessionConfig, SessionTokenizer, VerifyJob, VerifySampler,
+    Continuation, EncodePath, FallbackReason, SessionConfig, VerifyJob, VerifySampler,
 };
 use tokenrouter_core::tokenize::{ChatMessage, ChatTemplate, RenderOptions, TextTokenizer, TokenizeError};
 
 use crate::shadow_verifier::ShadowVerifier;
+use pool::TokenizerPool;
+pub use pool::{default_workers, THREADS_VAR};
+use sessions::SharedSessions;
 
 pub enum TokenizerMsg {
     Encode {
@@ -39,42 +54,88 @@ pub struct RenderedChat {
     pub ids: Vec<u32>,
 }
 
+/// Tokenizes on [`default_workers`] threads.
 pub struct TokenizerActor;
 
+/// The actor's state: the work every thread shares, and the threads.
 pub struct TokenizerState {
-    tokenizer: TextTokenizer,
-    template: Option<ChatTemplate>,
-    sessions: SessionTokenizer,
-    sampler: VerifySampler,
-    verifier: ShadowVerifier,
+    work: Arc<Tokenization>,
+    pool: TokenizerPool,
 }
 
 impl TokenizerState {
-    fn new(tokenizer: TextTokenizer, template: Option<ChatTemplate>, config: SessionConfig) -> std::io::Result<Self> {
-        let sessions = SessionTokenizer::new(tokenizer.clone(), config);
+    fn start(tokenizer: TextTokenizer, workers: usize) -> Result<Self, ActorProcessingErr> {
+        let template = match ChatTemplate::from_config(tokenizer.config()) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(TokenizeError::NoChatTemplate) => None,
+            Err(e) => return Err(format!("chat template of {}: {e}", tokenizer.name()).into()),
+        };
+        let work = Arc::new(Tokenization::new(tokenizer, template, SessionConfig::default())?);
+        Ok(TokenizerState { work, pool: TokenizerPool::spawn(workers)? })
+    }
+
+    /// Hands a request to the threads (they reply); waits only while their queue is full.
+    async fn dispatch(&mut self, msg: TokenizerMsg) -> Result<(), ActorProcessingErr> {
+        let work = Arc::clone(&self.work);
+        match msg {
+            TokenizerMsg::Encode { text, add_special_tokens, session, reply } => {
+                let job = move || {
+                    let _ = reply.send(work.encode(session.as_deref(), &text, add_special_tokens));
+                };
+                self.pool.submit(job).await?;
+            }
+            TokenizerMsg::Chat { messages, options, session, reply } => {
+                let job = move || {
+                    let _ = reply.send(work.render(&messages, &options, session.as_deref()));
+                };
+                self.pool.submit(job).await?;
+            }
+            // Requests already queued finish on the old sessions, which are then dropped.
+            TokenizerMsg::ConfigureSessions(config) => self.work = Arc::new(self.work.reconfigured(config)?),
+        }
+        Ok(())
+    }
+}
+
+/// What a tokenizer thread needs; shared by all of them. Only the session store and the
+/// sampler change, each behind a lock held briefly.
+struct Tokenization {
+    tokenizer: TextTokenizer,
+    template: Option<Arc<ChatTemplate>>,
+    sessions: SharedSessions,
+    sampler: Mutex<VerifySampler>,
+    verifier: ShadowVerifier,
+}
+
+impl Tokenization {
+    fn new(
+        tokenizer: TextTokenizer,
+        template: Option<Arc<ChatTemplate>>,
+        config: SessionConfig,
+    ) -> std::io::Result<Self> {
+        let sessions = SharedSessions::new(tokenizer.clone(), config);
         if let Err(why) = sessions.splicer().eligibility() {
             tracing::info!(tokenizer = tokenizer.name(), %why, "sessions tokenize in full");
         }
         let verifier = ShadowVerifier::spawn(tokenizer.clone(), sessions.splicer().switch().clone())?;
-        let sampler = VerifySampler::new(sessions.config().verify_fraction, 0x5eed);
-        Ok(TokenizerState { tokenizer, template, sessions, sampler, verifier })
+        let sampler = Mutex::new(VerifySampler::new(sessions.config().verify_fraction, 0x5eed));
+        Ok(Tokenization { tokenizer, template, sessions, sampler, verifier })
     }
 
     /// Same tokenizer, new settings. A verifier's verdict survives: splicing stays off.
-    fn reconfigured(self, config: SessionConfig) -> std::io::Result<Self> {
-        let was_off = !self.sessions.splicer().switch().is_on();
-        let next = TokenizerState::new(self.tokenizer, self.template, config)?;
-        if was_off {
+    fn reconfigured(&self, config: SessionConfig) -> std::io::Result<Self> {
+        let next = Tokenization::new(self.tokenizer.clone(), self.template.clone(), config)?;
+        if !self.sessions.splicer().switch().is_on() {
             next.sessions.splicer().switch().turn_off();
         }
         Ok(next)
     }
 
-    fn encode(&mut self, session: Option<&str>, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
+    fn encode(&self, session: Option<&str>, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
         let encoded = self.sessions.encode(session, text, add_special)?;
-        record(&encoded.path, self.sessions.store().bytes());
+        record(&encoded.path, self.sessions.stored_bytes());
         if let Some(cut) = encoded.path.splice_cut() {
-            if self.sampler.sample() {
+            if self.sampler.lock().sample() {
                 let job =
                     VerifyJob { text: text.to_owned(), ids: encoded.ids.clone(), add_special_tokens: add_special, cut };
                 self.verifier.submit(job);
@@ -84,7 +145,7 @@ impl TokenizerState {
     }
 
     fn render(
-        &mut self,
+        &self,
         messages: &[ChatMessage],
         options: &RenderOptions,
         session: Option<&str>,
@@ -99,42 +160,24 @@ impl TokenizerState {
 
 impl Actor for TokenizerActor {
     type Msg = TokenizerMsg;
-    type State = Option<TokenizerState>;
+    type State = TokenizerState;
     type Arguments = TextTokenizer;
 
     async fn pre_start(
         &self,
         _: ActorRef<TokenizerMsg>,
         tokenizer: TextTokenizer,
-    ) -> Result<Option<TokenizerState>, ActorProcessingErr> {
-        let template = match ChatTemplate::from_config(tokenizer.config()) {
-            Ok(t) => Some(t),
-            Err(TokenizeError::NoChatTemplate) => None,
-            Err(e) => return Err(format!("chat template of {}: {e}", tokenizer.name()).into()),
-        };
-        Ok(Some(TokenizerState::new(tokenizer, template, SessionConfig::default())?))
+    ) -> Result<TokenizerState, ActorProcessingErr> {
+        TokenizerState::start(tokenizer, default_workers())
     }
 
     async fn handle(
         &self,
         _: ActorRef<TokenizerMsg>,
         msg: TokenizerMsg,
-        state: &mut Option<TokenizerState>,
+        state: &mut TokenizerState,
     ) -> Result<(), ActorProcessingErr> {
-        let s = state.as_mut().ok_or("the tokenizer state was lost while reconfiguring")?;
-        match msg {
-            TokenizerMsg::Encode { text, add_special_tokens, session, reply } => {
-                let _ = reply.send(s.encode(session.as_deref(), &text, add_special_tokens));
-            }
-            TokenizerMsg::Chat { messages, options, session, reply } => {
-                let _ = reply.send(s.render(&messages, &options, session.as_deref()));
-            }
-            TokenizerMsg::ConfigureSessions(config) => {
-                let current = state.take().expect("checked above");
-                *state = Some(current.reconfigured(config)?);
-            }
-        }
-        Ok(())
+        state.dispatch(msg).await
     }
 }
 

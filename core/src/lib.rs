@@ -4,4 +4,5 @@ pub mod policy;
 pub mod pool;
 pub mod rng;
 pub mod sched;
+pub mod sse;
 pub mod tokenize;

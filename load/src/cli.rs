@@ -17,11 +17,15 @@ use crate::dispatch::{parse_server, DispatchConfig, Dispatcher, ServerKind};
 use crate::prompt::load_tokenizer;
 use crate::prompt::PromptMaker;
 use crate::report::{Report, RunInfo};
-use crate::runner::{self, Limits, LoadShape, Transport};
+use crate::runner::{self, Churn, Limits, LoadShape, Transport};
+use crate::soak::{SoakPlan, Watchers};
 use crate::stats::Summary;
 use crate::target::Target;
 use crate::trace::{load_trace, parse_trace, TraceRow};
 use crate::workload::{make_jobs, poisson_arrivals, Job, Scale, WorkloadKind, WorkloadSpec};
+
+/// Jobs prepared for a soak, reused in turn until the time is up.
+const SOAK_JOBS: usize = 256;
 
 /// The Azure sample in `fixtures/`, used by `--workload trace` without `--trace`.
 const SAMPLE_TRACE: &str = include_str!("../fixtures/azure_conv_sample.csv");
@@ -51,12 +55,14 @@ pub struct LoadArgs {
     /// Replay this many times faster than the trace (2 = twice the request rate).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
-    /// At most this many requests (each turn of a session is one).
-    #[arg(long, default_value_t = 100)]
-    pub requests: usize,
-    /// No request starts after this many seconds.
-    #[arg(long, default_value_t = 600.0)]
-    pub duration: f64,
+    /// At most this many requests (each turn of a session is one); default 100,
+    /// unless --duration is given: then the run is a soak, bounded by time alone
+    /// (closed-loop clients reuse the jobs until the time is up).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// No request starts after this many seconds (default 600).
+    #[arg(long)]
+    pub duration: Option<f64>,
     /// Seconds requests running at --duration may still take before they are cut.
     #[arg(long, default_value_t = 30.0)]
     pub grace: f64,
@@ -120,10 +126,38 @@ pub struct LoadArgs {
     /// Write one row per request here (CSV).
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Churn: hang up on this fraction (0..=1) of streamed requests, each at a
+    /// uniformly random point mid-stream (after a random number of its tokens).
+    #[arg(long, default_value_t = 0.0)]
+    pub hangup_fraction: f64,
+    /// Inject a fault into the server this often (seconds): POST /debug/fault
+    /// {"model", "point"}, the models of --fault-models in turn, points step and
+    /// message alternately. The server must have fault injection on (else 404).
+    #[arg(long, requires = "fault_models")]
+    pub fault_every: Option<f64>,
+    /// The models --fault-every injects faults into, e.g. small,large.
+    #[arg(long, value_delimiter = ',', requires = "fault_every")]
+    pub fault_models: Vec<String>,
+    /// After the run, wait for the server to go idle and report what it still holds
+    /// (KV blocks, pending and ready requests, reservations, active requests; GET /v1/stats).
+    #[arg(long)]
+    pub leak_check: bool,
+    /// How long --leak-check waits for the server to go idle (seconds).
+    #[arg(long, default_value_t = 60.0)]
+    pub leak_wait: f64,
+    /// The server's process id: its RSS is sampled from /proc every minute and its
+    /// growth reported.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
     /// No progress bar and no preamble.
     #[arg(long)]
     pub quiet: bool,
 }
+
+/// Requests of a run without --requests or --duration.
+const DEFAULT_REQUESTS: usize = 100;
+/// Seconds of a run without --duration.
+const DEFAULT_DURATION_S: f64 = 600.0;
 
 /// Runs the load described by `args` and writes the files it names.
 pub async fn execute(args: &LoadArgs, interrupt: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<Report> {
@@ -143,15 +177,20 @@ pub async fn execute(args: &LoadArgs, interrupt: impl Future<Output = ()> + Send
         eprintln!("{}", preamble(&info, &jobs));
     }
     let turns: usize = jobs.iter().map(|j| j.turns.len()).sum();
-    let progress = progress_bar(turns.min(args.requests) as u64, args.quiet);
+    let progress = progress_bar((!args.is_soak()).then(|| turns.min(args.max_requests()) as u64), args.quiet);
     let limits = Limits {
-        max_requests: args.requests,
-        duration: Duration::from_secs_f64(args.duration),
+        max_requests: args.max_requests(),
+        duration: Duration::from_secs_f64(args.duration_s()),
         grace: Duration::from_secs_f64(args.grace),
+        reuse_jobs: args.is_soak(),
     };
-    let result = runner::run(Arc::new(transport), jobs, &shape, limits, progress, interrupt).await;
+    let churn = Churn { hangup_fraction: args.hangup_fraction, seed: args.seed };
+    let watchers =
+        Watchers::start(args.soak_plan(), Arc::new(Client::new(Target::parse(&args.url)?, args.request_options()?)?));
+    let result = runner::run(Arc::new(transport), jobs, &shape, limits, churn, progress, interrupt).await;
+    let soak = watchers.finish().await;
     let summary = Summary::new(&result.records, result.elapsed_s);
-    let report = Report { run: info, summary, requests: result.records };
+    let report = Report { run: info, summary, soak, requests: result.records };
     if let Some(path) = &args.json {
         report.write_json(path)?;
     }
@@ -170,12 +209,13 @@ impl LoadArgs {
         positive(self.scale, "--scale")?;
         positive(self.input_scale.unwrap_or(self.scale), "--input-scale")?;
         positive(self.time_scale, "--time-scale")?;
-        positive(self.duration, "--duration")?;
+        positive(self.duration_s(), "--duration")?;
         anyhow::ensure!(self.grace.is_finite() && self.grace >= 0.0, "--grace must be zero or more");
         if let Some(rate) = self.rate {
             positive(rate, "--rate")?;
         }
-        anyhow::ensure!(self.requests > 0, "--requests must be at least 1");
+        anyhow::ensure!(self.requests != Some(0), "--requests must be at least 1");
+        self.check_soak()?;
         anyhow::ensure!(self.clients != Some(0), "--clients must be at least 1");
         anyhow::ensure!(self.turns > 0, "--turns must be at least 1");
         let trace = self.workload == WorkloadKind::Trace;
@@ -192,6 +232,49 @@ impl LoadArgs {
             anyhow::ensure!(self.servers.is_empty(), "--servers needs --dispatch standard");
         }
         Ok(())
+    }
+
+    fn check_soak(&self) -> anyhow::Result<()> {
+        let h = self.hangup_fraction;
+        anyhow::ensure!((0.0..=1.0).contains(&h), "--hangup-fraction must be in 0..=1 (got {h})");
+        if let Some(every) = self.fault_every {
+            anyhow::ensure!(every.is_finite() && every > 0.0, "--fault-every must be a positive number of seconds");
+        }
+        anyhow::ensure!(self.leak_wait.is_finite() && self.leak_wait >= 0.0, "--leak-wait must be zero or more");
+        anyhow::ensure!(!self.replay || !self.is_soak(), "--replay needs --requests (a trace is not repeated)");
+        if self.dispatch.is_some() {
+            let soak = h > 0.0 || self.fault_every.is_some() || self.leak_check;
+            anyhow::ensure!(!soak, "--hangup-fraction, --fault-every and --leak-check are for the engine at --url");
+        }
+        if let Some(pid) = self.server_pid {
+            crate::soak::rss::check_pid(pid)?;
+        }
+        Ok(())
+    }
+
+    /// A soak: bounded by --duration alone.
+    fn is_soak(&self) -> bool {
+        self.duration.is_some() && self.requests.is_none()
+    }
+
+    fn max_requests(&self) -> usize {
+        match self.is_soak() {
+            true => usize::MAX,
+            false => self.requests.unwrap_or(DEFAULT_REQUESTS),
+        }
+    }
+
+    fn duration_s(&self) -> f64 {
+        self.duration.unwrap_or(DEFAULT_DURATION_S)
+    }
+
+    fn soak_plan(&self) -> SoakPlan {
+        SoakPlan {
+            fault_every: self.fault_every.map(Duration::from_secs_f64),
+            fault_models: self.fault_models.clone(),
+            server_pid: self.server_pid,
+            leak_wait: self.leak_check.then(|| Duration::from_secs_f64(self.leak_wait)),
+        }
     }
 
     /// Where requests go: a streamed request to --url, or the dispatcher over
@@ -270,20 +353,30 @@ impl LoadArgs {
     /// Jobs to prepare: one per request, or per session for multi-turn work, and in
     /// a closed loop at least one per client so every client has a session.
     fn job_count(&self) -> usize {
-        if !self.workload.is_multi_turn() {
-            return self.requests;
+        if self.is_soak() {
+            // Jobs come round again; enough that concurrent clients rarely share one.
+            return SOAK_JOBS.max(2 * self.clients.unwrap_or(1));
         }
-        let sessions = self.requests.div_ceil(self.turns);
+        let requests = self.max_requests();
+        if !self.workload.is_multi_turn() {
+            return requests;
+        }
+        let sessions = requests.div_ceil(self.turns);
         if self.rate.is_some() || self.replay {
             sessions
         } else {
-            sessions.max(self.clients.unwrap_or(1)).min(self.requests)
+            sessions.max(self.clients.unwrap_or(1)).min(requests)
         }
     }
 
     fn shape(&self, jobs: &[Job]) -> LoadShape {
         if let Some(rate) = self.rate {
-            return LoadShape::Open { arrivals: poisson_arrivals(rate, jobs.len(), self.seed) };
+            // A soak needs arrivals for its whole time, with room for the Poisson spread.
+            let count = match self.is_soak() {
+                true => (rate * self.duration_s() * 1.2).ceil() as usize + 100,
+                false => jobs.len(),
+            };
+            return LoadShape::Open { arrivals: poisson_arrivals(rate, count, self.seed) };
         }
         if self.replay {
             let arrivals = jobs.iter().map(|j| j.trace_at_s.unwrap_or(0.0) / self.time_scale).collect();
@@ -307,8 +400,9 @@ impl LoadArgs {
             scale: self.scale,
             input_scale: self.input_scale.unwrap_or(self.scale),
             turns: if self.workload.is_multi_turn() { self.turns } else { 1 },
-            max_requests: self.requests,
-            duration_s: self.duration,
+            max_requests: if self.is_soak() { 0 } else { self.max_requests() },
+            duration_s: self.duration_s(),
+            hangup_fraction: self.hangup_fraction,
             seed: self.seed,
             tokenizer: self.tokenizer.as_ref().map(|p| p.display().to_string()),
             trace: self.trace.as_ref().map(|p| p.display().to_string()).or_else(|| {
@@ -337,27 +431,33 @@ fn value_name<T: clap::ValueEnum>(v: &T) -> String {
 fn preamble(info: &RunInfo, jobs: &[Job]) -> String {
     let first = &jobs[0];
     let sizes: Vec<String> = first.turns.iter().map(|t| t.tokens.to_string()).collect();
+    let bound = match info.max_requests {
+        0 => format!("soak for {} s", info.duration_s),
+        n => format!("up to {n} requests in {} s", info.duration_s),
+    };
     format!(
-        "tokenrouter-load: {} against {} ({}), {}, up to {} requests in {} s; first job: turns of {} tokens, max_tokens {}{}",
+        "tokenrouter-load: {} against {} ({}), {}, {bound}; first job: turns of {} tokens, max_tokens {}{}",
         info.workload,
         info.target,
         info.served_models.join(", "),
         info.load,
-        info.max_requests,
-        info.duration_s,
         sizes.join("+"),
         first.max_tokens,
         if info.tokenizer.is_some() { "" } else { " (no --tokenizer: words counted as tokens)" },
     )
 }
 
-/// Hidden when stderr is not a terminal (CI logs, pipes) or with --quiet.
-fn progress_bar(len: u64, quiet: bool) -> ProgressBar {
+/// Hidden when stderr is not a terminal (CI logs, pipes) or with --quiet; a plain
+/// count when the number of requests is not known (a soak).
+fn progress_bar(len: Option<u64>, quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(len);
-    let style = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} requests  {msg}")
+    let (bar, template) = match len {
+        Some(len) => (ProgressBar::new(len), "{elapsed_precise} [{bar:30}] {pos}/{len} requests  {msg}"),
+        None => (ProgressBar::no_length(), "{elapsed_precise} {pos} requests  {msg}"),
+    };
+    let style = ProgressStyle::with_template(template)
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);

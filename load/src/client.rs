@@ -71,13 +71,27 @@ pub struct Outcome {
     pub tally: StreamTally,
     /// Why the request failed (HTTP status, connection, error in the stream, cut short).
     pub error: Option<String>,
+    /// The client closed the connection mid-stream on purpose (`--hangup-fraction`).
+    pub hung_up: bool,
 }
 
 impl Outcome {
+    pub fn new(latency: Duration, tally: StreamTally, error: Option<String>) -> Outcome {
+        Outcome { latency, tally, error, hung_up: false }
+    }
+
     /// A request abandoned from outside (the run's time ran out).
     pub fn cut(sent: Instant, why: &str) -> Outcome {
-        Outcome { latency: sent.elapsed(), tally: StreamTally::default(), error: Some(why.to_string()) }
+        Outcome::new(sent.elapsed(), StreamTally::default(), Some(why.to_string()))
     }
+}
+
+/// How reading a response stopped, when it did not fail.
+enum Ending {
+    /// `[DONE]` or the end of the body (the tally says whether that was complete).
+    Read,
+    /// The client hung up after this many tokens.
+    HungUp(u64),
 }
 
 pub struct Client {
@@ -170,18 +184,39 @@ impl Client {
     }
 
     /// Sends and streams one request; never fails, a failure is in the outcome.
-    pub async fn send(&self, body: &Value) -> Outcome {
+    /// With `hangup_after: Some(k)` the connection is closed once k tokens have
+    /// arrived (at the response head for 0), as a client that goes away does.
+    pub async fn send(&self, body: &Value, hangup_after: Option<u64>) -> Outcome {
         let sent = Instant::now();
         let mut tally = StreamTally::default();
-        let result = self.stream(body, sent, &mut tally).await;
+        let result = self.stream(body, sent, &mut tally, hangup_after).await;
         let latency = sent.elapsed();
-        let error = result.err().or_else(|| tally.failure());
-        Outcome { latency, tally, error }
+        match result {
+            Ok(Ending::HungUp(tokens)) => Outcome {
+                latency,
+                tally,
+                error: Some(format!("hung up by the client after {tokens} token(s)")),
+                hung_up: true,
+            },
+            Ok(Ending::Read) => {
+                let error = tally.failure();
+                Outcome::new(latency, tally, error)
+            }
+            Err(e) => Outcome::new(latency, tally, Some(e)),
+        }
     }
 
-    /// Reads the response to its end. Latency is taken by the caller when this
-    /// returns, which is right after `[DONE]` for a well-behaved server.
-    async fn stream(&self, body: &Value, sent: Instant, tally: &mut StreamTally) -> Result<(), String> {
+    /// Reads the response to its end, or to the hang-up point. Latency is taken by
+    /// the caller when this returns, which is right after `[DONE]` for a
+    /// well-behaved server. Returning drops the body: an unfinished one closes its
+    /// connection, which the server sees as a disconnect.
+    async fn stream(
+        &self,
+        body: &Value,
+        sent: Instant,
+        tally: &mut StreamTally,
+        hangup_after: Option<u64>,
+    ) -> Result<Ending, String> {
         let url = self.target.url(self.options.endpoint.path());
         let response = self.post(&url, body).await?;
         let status = response.status();
@@ -190,22 +225,47 @@ impl Client {
             let message = serde_json::from_str::<Value>(&text).map(|v| error_message(&v["error"])).unwrap_or(text);
             return Err(format!("HTTP {}: {message}", status.as_u16()));
         }
+        let hangup_due = |tally: &StreamTally| hangup_after.filter(|&k| tally.tokens_seen() >= k);
+        if let Some(k) = hangup_due(tally) {
+            return Ok(Ending::HungUp(k));
+        }
         let mut parser = SseParser::default();
         let mut bytes = response.bytes_stream();
         while let Some(piece) = bytes.next().await {
             let piece = piece.map_err(|e| format!("reading the stream: {}", chain(&e)))?;
-            for data in parser.push(&piece) {
-                tally.on_data(sent.elapsed(), &data);
-            }
-            if tally.done {
-                // Nothing may follow [DONE]; stop the clock here rather than at EOF.
-                return Ok(());
+            for event in parser.push(&piece) {
+                tally.on_event(sent.elapsed(), event);
+                if tally.done {
+                    // Nothing may follow [DONE]; stop the clock here rather than at EOF.
+                    return Ok(Ending::Read);
+                }
+                if hangup_due(tally).is_some() {
+                    return Ok(Ending::HungUp(tally.tokens_seen()));
+                }
             }
         }
-        if let Some(data) = parser.finish() {
-            tally.on_data(sent.elapsed(), &data);
+        if let Some(event) = parser.finish() {
+            tally.on_event(sent.elapsed(), event);
         }
-        Ok(())
+        Ok(Ending::Read)
+    }
+
+    /// A plain GET of a JSON document.
+    pub async fn get_json(&self, path: &str) -> Result<Value, String> {
+        let url = self.target.url(path);
+        let response = self.http.get(&url).send().await.map_err(|e| chain(&e))?;
+        let status = response.status();
+        let body: Value = response.json().await.map_err(|e| format!("GET {url}: unreadable reply: {}", chain(&e)))?;
+        if !status.is_success() {
+            return Err(format!("GET {url}: HTTP {}: {}", status.as_u16(), error_message(&body["error"])));
+        }
+        Ok(body)
+    }
+
+    /// POSTs `body` and returns only the status: for calls whose answer is their status.
+    pub async fn post_status(&self, path: &str, body: &Value) -> Result<u16, String> {
+        let response = self.post(&self.target.url(path), body).await?;
+        Ok(response.status().as_u16())
     }
 }
 
@@ -317,7 +377,7 @@ mod tests {
     #[tokio::test]
     async fn a_closed_port_is_a_failure_with_its_cause() {
         let c = client(Endpoint::Chat);
-        let outcome = c.send(&c.body(&conversation(), 1, 1)).await;
+        let outcome = c.send(&c.body(&conversation(), 1, 1), None).await;
         let error = outcome.error.unwrap();
         assert!(error.to_lowercase().contains("connect"), "{error}");
         let e = c.models().await.unwrap_err().to_string();

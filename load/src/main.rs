@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(execute(&args, interrupt)) {
         Ok(report) => {
-            print!("{}", report.summary.render());
+            print!("{}", report.render());
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e),

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::churn::Fate;
 use crate::client::Outcome;
 
 /// One request's measurements; times in seconds.
@@ -34,6 +35,9 @@ pub struct RequestRecord {
     pub tokens_per_model: BTreeMap<String, u64>,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+    /// The client hung up on purpose (`--hangup-fraction`); not a failure.
+    #[serde(default)]
+    pub hung_up: bool,
 }
 
 /// Where a request sat in the run, for its record.
@@ -69,12 +73,17 @@ impl RequestRecord {
             tokens_per_model: t.tokens_per_model(),
             finish_reason: t.finish_reason.clone(),
             error: outcome.error.clone(),
+            hung_up: outcome.hung_up,
         }
+    }
+
+    pub fn fate(&self) -> Fate {
+        Fate::of(self.ok, self.hung_up, self.error.as_deref())
     }
 }
 
 pub const CSV_HEADER: &str = "index,job,turn,start_s,ok,ttft_s,latency_s,prompt_tokens,turn_tokens,output_tokens,\
-streamed_tokens,max_tokens,tokens_per_s,tokens_per_model,finish_reason,error";
+streamed_tokens,max_tokens,tokens_per_s,tokens_per_model,finish_reason,error,fate";
 
 impl RequestRecord {
     /// The CSV row (columns of `CSV_HEADER`); tokens per model as `name=n;name=n`.
@@ -98,9 +107,15 @@ impl RequestRecord {
             per_model.join(";"),
             opt(self.finish_reason.clone()),
             opt(self.error.clone()),
+            value_name(&self.fate()),
         ];
         fields.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(",")
     }
+}
+
+/// An enum as serde names it (`hung-up`).
+fn value_name<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
 /// RFC 4180 quoting: error messages may hold commas, quotes and newlines.
@@ -131,8 +146,8 @@ mod tests {
             Duration::from_millis(150),
             r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2}}"#,
         );
-        tally.on_data(Duration::from_millis(150), "[DONE]");
-        let outcome = Outcome { latency: Duration::from_millis(200), tally, error: None };
+        tally.on_event(Duration::from_millis(150), crate::sse::SseEvent::Done);
+        let outcome = Outcome::new(Duration::from_millis(200), tally, None);
         let r = RequestRecord::new(slot(), &outcome);
         assert!(r.ok);
         assert_eq!((r.ttft_s, r.latency_s, r.output_tokens, r.prompt_tokens), (Some(0.1), 0.2, 2, 12));
@@ -146,8 +161,8 @@ mod tests {
         let outcome = Outcome::cut(std::time::Instant::now(), "HTTP 400: bad \"x\", really");
         let r = RequestRecord::new(slot(), &outcome);
         let row = r.csv_row();
-        assert!(row.ends_with(",\"HTTP 400: bad \"\"x\"\", really\""), "{row}");
+        assert!(row.ends_with(",\"HTTP 400: bad \"\"x\"\", really\",lost"), "{row}");
         assert!(row.starts_with("3,1,2,0.500000,false,,"), "{row}");
-        assert_eq!(CSV_HEADER.split(',').count(), 16);
+        assert_eq!(CSV_HEADER.split(',').count(), 17);
     }
 }

@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::record::{RequestRecord, CSV_HEADER};
+use crate::soak::SoakReport;
 use crate::stats::Summary;
 
 /// What was run, so a result file explains itself.
@@ -23,8 +24,12 @@ pub struct RunInfo {
     pub scale: f64,
     pub input_scale: f64,
     pub turns: usize,
+    /// 0: no limit (a soak, bounded by `duration_s`).
     pub max_requests: usize,
     pub duration_s: f64,
+    /// Fraction of requests the client hung up on mid-stream.
+    #[serde(default)]
+    pub hangup_fraction: f64,
     pub seed: u64,
     /// The tokenizer that sized prompts; absent when words stood for tokens.
     pub tokenizer: Option<String>,
@@ -39,10 +44,19 @@ pub struct RunInfo {
 pub struct Report {
     pub run: RunInfo,
     pub summary: Summary,
+    /// Faults injected, the server's memory and the leak check, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak: Option<SoakReport>,
     pub requests: Vec<RequestRecord>,
 }
 
 impl Report {
+    /// The summary as printed at the end of a run, with the soak's findings.
+    pub fn render(&self) -> String {
+        let soak = self.soak.as_ref().map(SoakReport::render).unwrap_or_default();
+        format!("{}{soak}", self.summary.render())
+    }
+
     pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let text = serde_json::to_string_pretty(self)?;
         write_file(path, text.as_bytes())

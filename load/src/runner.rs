@@ -1,7 +1,9 @@
 //! Driving a run: closed-loop clients or open-loop arrivals, within a request count
 //! and a time limit. At the time limit no new request starts; requests still
 //! running after a grace period (or at an interrupt) are cut and counted as failed,
-//! so a run always ends close to the time it was given.
+//! so a run always ends close to the time it was given. In a soak (no request
+//! count) jobs are reused until the time is up, and a fraction of requests may be
+//! hung up on mid-stream (churn).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +15,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::churn::hangup_after;
 use crate::client::{Client, Conversation, Outcome};
 use crate::dispatch::Dispatcher;
 use crate::record::{RequestRecord, Slot};
@@ -26,10 +29,17 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// Sends one request; never fails, a failure is in the outcome.
-    pub async fn send(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Outcome {
+    /// Sends one request; never fails, a failure is in the outcome. Only streamed
+    /// requests can be hung up on (`hangup_after`); the dispatcher ignores it.
+    pub async fn send(
+        &self,
+        conversation: &Conversation,
+        max_tokens: usize,
+        seed: u64,
+        hangup_after: Option<u64>,
+    ) -> Outcome {
         match self {
-            Transport::Stream(client) => client.send(&client.body(conversation, max_tokens, seed)).await,
+            Transport::Stream(client) => client.send(&client.body(conversation, max_tokens, seed), hangup_after).await,
             Transport::Dispatch(dispatcher) => dispatcher.send(conversation, max_tokens, seed).await,
         }
     }
@@ -54,6 +64,17 @@ pub struct Limits {
     pub duration: Duration,
     /// How long requests running at `duration` may still finish.
     pub grace: Duration,
+    /// Soak: start over at the first job when all have run, until the time is up.
+    pub reuse_jobs: bool,
+}
+
+/// Requests the client drops on purpose.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Churn {
+    /// Fraction of requests hung up on at a uniformly random point mid-stream.
+    pub hangup_fraction: f64,
+    /// Chooses which requests and where.
+    pub seed: u64,
 }
 
 pub struct RunResult {
@@ -72,6 +93,7 @@ enum Phase {
     Cut(&'static str),
 }
 
+// Both begin with `CUT_PREFIX`, which tells a cut request from a lost one.
 const CUT_AT_LIMIT: &str = "cut: still running at the time limit (--duration plus --grace)";
 const CUT_BY_INTERRUPT: &str = "cut: the run was interrupted";
 
@@ -82,6 +104,7 @@ pub async fn run(
     jobs: Vec<Job>,
     shape: &LoadShape,
     limits: Limits,
+    churn: Churn,
     progress: ProgressBar,
     interrupt: impl Future<Output = ()> + Send + 'static,
 ) -> RunResult {
@@ -93,6 +116,8 @@ pub async fn run(
         start,
         deadline: start + limits.duration,
         max_requests: limits.max_requests,
+        reuse_jobs: limits.reuse_jobs,
+        churn,
         issued: AtomicUsize::new(0),
         phase,
         results: Mutex::default(),
@@ -117,6 +142,8 @@ struct Run {
     start: Instant,
     deadline: Instant,
     max_requests: usize,
+    reuse_jobs: bool,
+    churn: Churn,
     /// Requests started so far (the next request's index).
     issued: AtomicUsize,
     phase: watch::Sender<Phase>,
@@ -129,6 +156,7 @@ struct Run {
 struct Results {
     records: Vec<RequestRecord>,
     failed: usize,
+    hung_up: usize,
     output_tokens: u64,
 }
 
@@ -173,7 +201,7 @@ impl Run {
                 let (run, next_job) = (self.clone(), next_job.clone());
                 tokio::spawn(async move {
                     while !run.exhausted() {
-                        let Some(job) = run.jobs.get(next_job.fetch_add(1, Ordering::SeqCst)) else { break };
+                        let Some(job) = run.job(next_job.fetch_add(1, Ordering::SeqCst)) else { break };
                         run.run_job(job).await;
                     }
                 })
@@ -185,7 +213,8 @@ impl Run {
     async fn open_loop(self: Arc<Self>, arrivals: &[f64]) {
         let mut phase = self.phase.subscribe();
         let mut tasks = Vec::new();
-        for (i, at) in arrivals.iter().enumerate().take(self.jobs.len()) {
+        let jobs = if self.reuse_jobs { arrivals.len() } else { self.jobs.len() };
+        for (i, at) in arrivals.iter().enumerate().take(jobs) {
             let due = (self.start + Duration::from_secs_f64(at.max(0.0))).min(self.deadline);
             // Sleep to the arrival, but wake for the deadline or an interrupt.
             tokio::select! {
@@ -196,20 +225,33 @@ impl Run {
                 break;
             }
             let run = self.clone();
-            tasks.push(tokio::spawn(async move { run.run_job(&run.jobs[i]).await }));
+            tasks.push(tokio::spawn(async move {
+                if let Some(job) = run.job(i) {
+                    run.run_job(job).await
+                }
+            }));
         }
         join_all(tasks).await;
     }
 
+    /// The `n`-th job to run: in a soak the jobs come round again.
+    fn job(&self, n: usize) -> Option<&Job> {
+        match self.reuse_jobs && !self.jobs.is_empty() {
+            true => self.jobs.get(n % self.jobs.len()),
+            false => self.jobs.get(n),
+        }
+    }
+
     /// The turns of a job in order, each with the conversation so far. A failed
-    /// turn ends its session: the next turn would need its answer.
+    /// (or hung-up) turn ends its session: the next turn would need its answer.
     async fn run_job(&self, job: &Job) {
         let mut conversation = Conversation::default();
         for (turn, t) in job.turns.iter().enumerate() {
             let Some(index) = self.take() else { return };
             conversation.user(&t.text);
             let start_s = self.start.elapsed().as_secs_f64();
-            let outcome = self.send(&conversation, job.max_tokens, job.sampling_seed(turn)).await;
+            let hangup = hangup_after(self.churn.hangup_fraction, job.max_tokens, self.churn.seed, index);
+            let outcome = self.send(&conversation, job.max_tokens, job.sampling_seed(turn), hangup).await;
             let slot = Slot { index, job: job.id, turn, start_s, turn_tokens: t.tokens, max_tokens: job.max_tokens };
             self.record(RequestRecord::new(slot, &outcome));
             if outcome.error.is_some() {
@@ -220,11 +262,11 @@ impl Run {
     }
 
     /// Sends one request, abandoning it if the run is cut meanwhile.
-    async fn send(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Outcome {
+    async fn send(&self, conversation: &Conversation, max_tokens: usize, seed: u64, hangup: Option<u64>) -> Outcome {
         let mut phase = self.phase.subscribe();
         let sent = std::time::Instant::now();
         tokio::select! {
-            outcome = self.transport.send(conversation, max_tokens, seed) => outcome,
+            outcome = self.transport.send(conversation, max_tokens, seed, hangup) => outcome,
             cut = phase.wait_for(|p| matches!(p, Phase::Cut(_))) => {
                 let reason = match cut.as_deref() {
                     Ok(Phase::Cut(reason)) => reason,
@@ -238,11 +280,13 @@ impl Run {
     fn record(&self, record: RequestRecord) {
         let message = {
             let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-            results.failed += usize::from(!record.ok);
+            results.failed += usize::from(!record.ok && !record.hung_up);
+            results.hung_up += usize::from(record.hung_up);
             results.output_tokens += record.output_tokens;
             results.records.push(record);
-            let done = results.records.len() - results.failed;
-            format!("{done} done, {} failed, {} output tokens", results.failed, results.output_tokens)
+            let done = results.records.len() - results.failed - results.hung_up;
+            let (failed, hung_up, tokens) = (results.failed, results.hung_up, results.output_tokens);
+            format!("{done} done, {failed} failed, {hung_up} hung up, {tokens} output tokens")
         };
         self.progress.inc(1);
         self.progress.set_message(message);
@@ -253,5 +297,16 @@ async fn join_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
     for task in tasks {
         // A panicking client task loses only its own requests.
         let _ = task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::churn::CUT_PREFIX;
+
+    #[test]
+    fn cut_messages_are_told_apart_from_losses() {
+        assert!(CUT_AT_LIMIT.starts_with(CUT_PREFIX) && CUT_BY_INTERRUPT.starts_with(CUT_PREFIX));
     }
 }

@@ -1,62 +1,13 @@
-//! Reading a streamed OpenAI response: SSE framing (`SseParser`), the meaning of
-//! each `data:` payload (`Chunk`), and the running account of one response
-//! (`StreamTally`) from which a request's measurements come. All pure, so the
-//! parsing is tested without a server.
+//! Reading a streamed OpenAI response: the meaning of each `data:` payload
+//! (`Chunk`), and the running account of one response (`StreamTally`) from which a
+//! request's measurements come. SSE framing is core's `SseParser`, shared with the
+//! server's upstream client. All pure, so the parsing is tested without a server.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-
-/// Splits bytes, as they arrive in any pieces, into the data of SSE events. Only
-/// `data:` fields matter here; comments (`: keep-alive`) and other fields are skipped.
-#[derive(Debug, Default)]
-pub struct SseParser {
-    /// Bytes of a line not yet terminated.
-    line: Vec<u8>,
-    /// `data:` lines of the event being read.
-    data: Vec<String>,
-}
-
-impl SseParser {
-    /// Feeds bytes; returns the data of every event they complete.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        let mut events = Vec::new();
-        for &b in bytes {
-            if b != b'\n' {
-                self.line.push(b);
-                continue;
-            }
-            let mut line = std::mem::take(&mut self.line);
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            if let Some(event) = self.on_line(&String::from_utf8_lossy(&line)) {
-                events.push(event);
-            }
-        }
-        events
-    }
-
-    /// An event still open when the body ended (a server that omits the last blank line).
-    pub fn finish(&mut self) -> Option<String> {
-        if !self.line.is_empty() {
-            let line = std::mem::take(&mut self.line);
-            self.on_line(&String::from_utf8_lossy(&line));
-        }
-        self.on_line("")
-    }
-
-    fn on_line(&mut self, line: &str) -> Option<String> {
-        if line.is_empty() {
-            return (!self.data.is_empty()).then(|| std::mem::take(&mut self.data).join("\n"));
-        }
-        if let Some(value) = line.strip_prefix("data:") {
-            self.data.push(value.strip_prefix(' ').unwrap_or(value).to_string());
-        }
-        None
-    }
-}
+pub use tokenrouter_core::sse::{SseEvent, SseParser};
 
 /// Token counts the server reports in `usage`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,7 +21,6 @@ pub struct Usage {
 /// What one `data:` payload says.
 #[derive(Debug, Default, PartialEq)]
 pub struct Chunk {
-    pub done: bool,
     /// Chat `delta.content` or completions `text`.
     pub text: String,
     /// tokenrouter's `routing.models`: the model of each token this chunk reports.
@@ -83,9 +33,6 @@ pub struct Chunk {
 
 impl Chunk {
     pub fn parse(data: &str) -> Result<Chunk, String> {
-        if data.trim() == "[DONE]" {
-            return Ok(Chunk { done: true, ..Chunk::default() });
-        }
         let v: Value = serde_json::from_str(data).map_err(|e| format!("unreadable stream chunk ({e}): {data}"))?;
         if let Some(error) = v.get("error") {
             return Ok(Chunk { error: Some(error_message(error)), ..Chunk::default() });
@@ -94,7 +41,6 @@ impl Chunk {
         let text = choice["delta"]["content"].as_str().or(choice["text"].as_str()).unwrap_or_default();
         let models = v["routing"]["models"].as_array().map(|a| a.iter().map(value_name).collect()).unwrap_or_default();
         Ok(Chunk {
-            done: false,
             text: text.to_string(),
             models,
             finish_reason: choice["finish_reason"].as_str().map(str::to_string),
@@ -161,15 +107,18 @@ impl StreamTally {
         }
     }
 
+    pub fn on_event(&mut self, at: Duration, event: SseEvent) {
+        match event {
+            SseEvent::Done => self.done = true,
+            SseEvent::Data(data) => self.on_data(at, &data),
+        }
+    }
+
     pub fn on_data(&mut self, at: Duration, data: &str) {
         let chunk = match Chunk::parse(data) {
             Ok(chunk) => chunk,
             Err(e) => return self.fail(e),
         };
-        if chunk.done {
-            self.done = true;
-            return;
-        }
         if let Some(e) = chunk.error {
             return self.fail(e);
         }
@@ -200,6 +149,11 @@ impl StreamTally {
         }
     }
 
+    /// Tokens seen so far while streaming: the routing trace's, else text chunks.
+    pub fn tokens_seen(&self) -> u64 {
+        self.streamed_tokens().unwrap_or(self.text_chunks)
+    }
+
     /// Tokens the routing trace showed as they streamed (None without a trace).
     pub fn streamed_tokens(&self) -> Option<u64> {
         (!self.routed.is_empty()).then(|| self.routed.values().sum())
@@ -227,15 +181,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_split_across_reads_and_line_endings_are_reassembled() {
-        let mut p = SseParser::default();
-        assert!(p.push(b"data: {\"a\"").is_empty());
-        assert_eq!(p.push(b":1}\n\n: keep-alive\n\ndata: x\r\n\r\nda"), vec!["{\"a\":1}", "x"]);
-        assert_eq!(p.push(b"ta:[DONE]\n\n"), vec!["[DONE]"]);
-        assert_eq!(p.push(b"event: e\ndata: one\ndata: two\n\n"), vec!["one\ntwo"]);
-        assert!(p.push(b"data: tail").is_empty());
-        assert_eq!(p.finish().as_deref(), Some("tail"));
-        assert_eq!(p.finish(), None);
+    fn events_from_the_shared_parser_drive_the_tally() {
+        let mut parser = SseParser::default();
+        let mut t = StreamTally::default();
+        let stream = "data: {\"choices\":[{\"text\":\"h\u{e9}\"}]}\r\n\r\ndata: [DONE]\n\n".as_bytes();
+        // Split inside é: the text still arrives whole.
+        let cut = stream.iter().position(|&b| b == 0xc3).unwrap() + 1;
+        for piece in [&stream[..cut], &stream[cut..]] {
+            for event in parser.push(piece) {
+                t.on_event(Duration::from_millis(1), event);
+            }
+        }
+        assert_eq!((t.text.as_str(), t.done, t.tokens_seen()), ("h\u{e9}", true, 1));
     }
 
     #[test]
@@ -250,7 +207,6 @@ mod tests {
         assert_eq!((u.prompt_tokens, u.completion_tokens, u.tokens_per_model["small"]), (5, 3, 2));
         let error = Chunk::parse(r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#);
         assert_eq!(error.unwrap().error.as_deref(), Some("boom"));
-        assert!(Chunk::parse("[DONE]").unwrap().done);
         assert!(Chunk::parse("{not json").unwrap_err().contains("unreadable"));
     }
 
@@ -269,7 +225,7 @@ mod tests {
         t.on_data(at(9), r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#);
         assert_eq!(t.failure().as_deref(), Some("the stream ended before [DONE]"));
         t.on_data(at(10), r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"tokens_per_model":{"small":2,"large":1}}}"#);
-        t.on_data(at(10), "[DONE]");
+        t.on_event(at(10), SseEvent::Done);
         assert_eq!((t.output_tokens(), t.failure(), t.text.as_str()), (3, None, "ab"));
         assert_eq!(t.finish_reason.as_deref(), Some("length"));
         assert_eq!(t.tokens_per_model(), BTreeMap::from([("large".into(), 1), ("small".into(), 2)]));
@@ -294,7 +250,7 @@ mod tests {
         let mut t = StreamTally::default();
         t.on_data(at(1), r#"{"error":{"message":"engine failed"}}"#);
         t.on_data(at(2), "garbage");
-        t.on_data(at(3), "[DONE]");
+        t.on_event(at(3), SseEvent::Done);
         assert_eq!(t.failure().as_deref(), Some("engine failed"));
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::churn::Fate;
 use crate::record::RequestRecord;
 
 /// The `q`-quantile (0..=1) of sorted values, interpolating linearly between
@@ -44,7 +45,18 @@ pub struct Summary {
     /// From the first send to the end of the last request.
     pub elapsed_s: f64,
     pub requests_done: usize,
+    /// Lost and cut requests (hang-ups are not failures).
     pub requests_failed: usize,
+    /// Requests the client dropped mid-stream on purpose (`--hangup-fraction`).
+    #[serde(default)]
+    pub requests_hung_up: usize,
+    /// Requests the run abandoned at its time limit or an interrupt.
+    #[serde(default)]
+    pub requests_cut: usize,
+    /// Requests that were not dropped by the client and still did not complete: an
+    /// error event, no final event, a non-2xx answer, a broken connection.
+    #[serde(default)]
+    pub requests_lost: usize,
     /// Failed requests by error message.
     pub failures: BTreeMap<String, usize>,
     /// Output tokens of completed requests.
@@ -66,8 +78,9 @@ pub struct Summary {
 impl Summary {
     pub fn new(records: &[RequestRecord], elapsed_s: f64) -> Summary {
         let done: Vec<&RequestRecord> = records.iter().filter(|r| r.ok).collect();
+        let count = |fate: Fate| records.iter().filter(|r| r.fate() == fate).count();
         let mut failures = BTreeMap::new();
-        for error in records.iter().filter_map(|r| r.error.as_ref()) {
+        for error in records.iter().filter(|r| !r.hung_up).filter_map(|r| r.error.as_ref()) {
             *failures.entry(error.clone()).or_insert(0) += 1;
         }
         let mut tokens_per_model = BTreeMap::new();
@@ -79,7 +92,10 @@ impl Summary {
         Summary {
             elapsed_s,
             requests_done: done.len(),
-            requests_failed: records.len() - done.len(),
+            requests_failed: count(Fate::Lost) + count(Fate::Cut),
+            requests_hung_up: count(Fate::HungUp),
+            requests_cut: count(Fate::Cut),
+            requests_lost: count(Fate::Lost),
             failures,
             output_tokens,
             prompt_tokens: done.iter().map(|r| r.prompt_tokens).sum(),
@@ -103,6 +119,18 @@ impl Summary {
             "requests: {} done, {} failed in {:.2} s ({:.2} req/s)",
             self.requests_done, self.requests_failed, self.elapsed_s, self.request_rate
         ));
+        if self.requests_lost > 0 {
+            line(format!(
+                "LOST: {} request(s) ended with an error, without their final event or with a non-2xx status",
+                self.requests_lost
+            ));
+        }
+        if self.requests_hung_up + self.requests_cut > 0 {
+            line(format!(
+                "dropped by the client: {} hung up mid-stream, {} cut at the time limit",
+                self.requests_hung_up, self.requests_cut
+            ));
+        }
         line(format!(
             "throughput: {:.1} output tok/s ({} output tokens, {} prompt tokens)",
             self.throughput_tok_s, self.output_tokens, self.prompt_tokens
@@ -178,6 +206,7 @@ mod tests {
             tokens_per_model: models.iter().map(|(m, n)| (m.to_string(), *n)).collect(),
             finish_reason: None,
             error: (!ok).then(|| "HTTP 503: busy".to_string()),
+            hung_up: false,
         }
     }
 
@@ -198,6 +227,24 @@ mod tests {
         let text = s.render();
         assert!(text.contains("2 done, 1 failed") && text.contains("4.0 output tok/s"), "{text}");
         assert!(text.contains("large 6 (37.5%)") && text.contains("failed ×1: HTTP 503: busy"), "{text}");
+    }
+
+    #[test]
+    fn hangups_are_not_failures_and_lost_requests_are_shown_first() {
+        let mut hung = record(1, false, 0, 0.5, &[]);
+        (hung.hung_up, hung.error) = (true, Some("hung up by the client after 2 token(s)".into()));
+        let mut cut = record(2, false, 0, 0.5, &[]);
+        cut.error = Some("cut: the run was interrupted".into());
+        let records = [record(0, true, 8, 1.0, &[]), hung, cut, record(3, false, 0, 0.5, &[])];
+        let s = Summary::new(&records, 1.0);
+        assert_eq!((s.requests_done, s.requests_hung_up, s.requests_cut, s.requests_lost), (1, 1, 1, 1));
+        assert_eq!(s.requests_failed, 2);
+        assert!(!s.failures.keys().any(|e| e.contains("hung up")), "{:?}", s.failures);
+        let text = s.render();
+        let lost = text.lines().position(|l| l.starts_with("LOST: 1 request(s)")).expect(&text);
+        assert!(lost <= 1, "right under the request counts: {text}");
+        assert!(text.contains("dropped by the client: 1 hung up mid-stream, 1 cut at the time limit"), "{text}");
+        assert!(!Summary::new(&records[..1], 1.0).render().contains("LOST"));
     }
 
     #[test]

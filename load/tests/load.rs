@@ -84,7 +84,7 @@ async fn closed_loop_through_the_binary_completes_every_request_and_writes_json_
     let column = |name: &str| CSV_HEADER.split(',').position(|c| c == name).unwrap();
     for (line, r) in lines[1..].iter().zip(&report.requests) {
         let fields: Vec<&str> = line.split(',').collect();
-        assert_eq!(fields.len(), 16, "{line}");
+        assert_eq!(fields.len(), 17, "{line}");
         assert_eq!(fields[column("output_tokens")].parse::<u64>().unwrap(), r.output_tokens);
         assert_eq!(fields[column("ok")], "true");
         let ttft: f64 = fields[column("ttft_s")].parse().unwrap();
@@ -178,4 +178,73 @@ fn a_server_that_is_not_there_is_a_clear_error() {
     let args = LoadArgs::try_parse_from(["tokenrouter-load", "--url", "http://127.0.0.1:1", "--quiet"]).unwrap();
     let e = runtime.block_on(execute(&args, futures::future::pending())).unwrap_err().to_string();
     assert!(e.contains("no server answers at http://127.0.0.1:1"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soak_with_hangups_and_faults_loses_nothing_and_leaves_the_server_clean() {
+    let Some(s) = TestServer::start(test_limits(), vec![]).await else { return };
+    let tokenizer = qwen3_tokenizer().unwrap();
+    // The server runs in this process: its RSS is ours.
+    let pid = std::process::id().to_string();
+    let extra = [
+        "--clients",
+        "4",
+        "--duration",
+        "3",
+        "--hangup-fraction",
+        "0.5",
+        "--scale",
+        "0.02",
+        "--routing-trace",
+        "--fault-every",
+        "1",
+        "--fault-models",
+        "small,large",
+        "--leak-check",
+        "--leak-wait",
+        "20",
+        "--server-pid",
+        &pid,
+    ];
+    let report = execute(&load_args(&s.url, &tokenizer, &extra), futures::future::pending()).await.unwrap();
+    let summary = &report.summary;
+    eprintln!("{}", report.render());
+    assert_eq!(summary.requests_lost, 0, "{:?}", summary.failures);
+    assert!(summary.requests_hung_up > 0 && summary.requests_done > 0, "{summary:?}");
+    assert_eq!(report.run.max_requests, 0, "a soak has no request limit");
+    for r in report.requests.iter().filter(|r| r.hung_up) {
+        assert!(r.output_tokens < r.max_tokens as u64, "hung up before the end: {r:?}");
+    }
+    for r in report.requests.iter().filter(|r| r.ok) {
+        assert_complete(r);
+    }
+    let soak = report.soak.as_ref().expect("the soak's findings");
+    let faults = soak.faults.as_ref().unwrap();
+    assert!(faults.attempts >= 1, "{faults:?}");
+    // 200 when the server injects faults, 404 when injection is off: nothing else.
+    assert_eq!((faults.injected + faults.refused, faults.errors), (faults.attempts, 0), "{faults:?}");
+    let leaks = soak.leak_check.as_ref().unwrap();
+    assert!(leaks.idle && leaks.clean, "{leaks:?}");
+    assert_eq!(leaks.models.iter().map(|m| m.model.as_str()).collect::<Vec<_>>(), ["small", "large"]);
+    let rss = soak.rss.as_ref().unwrap();
+    assert!(rss.samples.len() >= 2 && rss.growth_pct.is_some() && rss.error.is_none(), "{rss:?}");
+    s.wait_all_kv_free().await;
+    s.stop().await;
+}
+
+#[test]
+fn soak_flags_are_checked_before_any_request() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let run = |extra: &[&str]| {
+        let mut argv = vec!["tokenrouter-load", "--url", "http://127.0.0.1:1", "--quiet"];
+        argv.extend_from_slice(extra);
+        let args = LoadArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
+        runtime.block_on(execute(&args, futures::future::pending())).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert!(run(&["--hangup-fraction", "1.5"]).unwrap_err().contains("--hangup-fraction must be in 0..=1"));
+    assert!(run(&["--fault-every", "5"]).unwrap_err().contains("--fault-models"), "clap asks for the models");
+    assert!(run(&["--fault-every", "0", "--fault-models", "a"]).unwrap_err().contains("--fault-every must be"));
+    assert!(run(&["--server-pid", "4000000000"]).unwrap_err().contains("--server-pid 4000000000"));
+    let soak_replay = run(&["--workload", "trace", "--replay", "--duration", "5"]).unwrap_err();
+    assert!(soak_replay.contains("--replay needs --requests"), "{soak_replay}");
 }

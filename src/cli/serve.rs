@@ -66,6 +66,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_queued_requests: config.server.max_queued_requests,
         max_tokens_limit: config.max_tokens_limit(generator.max_context()),
         shutdown_grace: Duration::from_secs(config.server.shutdown_grace_secs),
+        request: config.server.request_limits(),
         ..Limits::default()
     };
     let resolver = CatalogResolver(Arc::new(prepared.catalog));
@@ -164,6 +165,14 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 struct CatalogResolver(Arc<PolicyCatalog>);
 
 impl PolicyResolver for CatalogResolver {
+    fn policy_names(&self) -> Vec<String> {
+        let mut names = self.0.names();
+        if !self.0.is_allowed("default") {
+            names.push("default".into());
+        }
+        names
+    }
+
     fn resolve(&self, routing: Option<&RoutingRequest>) -> Result<Option<Arc<dyn Policy>>, ApiError> {
         let Some(r) = routing.filter(|r| r.policy.is_some() || r.params.is_some()) else { return Ok(None) };
         self.0

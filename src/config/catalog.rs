@@ -1,17 +1,22 @@
 //! The policies a request may choose with `routing: {policy, params}`: the default and
 //! those under `policy.allowed`. A request's parameters override the configured ones key
-//! by key. Built policies are cached by (name, parameters), so identical requests share
-//! one policy object (the engine batches a model's rows per policy object).
+//! by key. Built policies are cached by (name, canonical parameters), so identical
+//! requests share one policy object (the engine batches a model's rows per policy
+//! object): the configured ones for the catalog's life, request-made ones in a bounded
+//! LRU. Every policy takes its weight files from one [`SharedWeights`], so parameter sets
+//! that differ only in numbers never read a router file or embedding table again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use lru::LruCache;
 use serde_json::{Map, Value};
-use tokenrouter_core::policy::{self, ModelInfo, Policy, PolicyContext, PolicyError};
+use tokenrouter_core::policy::{self, ModelInfo, Policy, PolicyContext, PolicyError, SharedWeights};
 
-/// Distinct (name, parameters) pairs kept; beyond this, policies are built per request.
-const CACHE_LIMIT: usize = 64;
+/// Request-made (name, parameters) pairs kept; the least recently used goes first.
+pub const REQUEST_POLICY_CACHE: usize = 64;
 
 /// What a request may call the default policy.
 const DEFAULT_ALIAS: &str = "default";
@@ -58,7 +63,31 @@ pub struct PolicyCatalog {
     allowed: BTreeMap<String, Map<String, Value>>,
     models: Vec<ModelInfo>,
     ctx: PolicyContext,
-    cache: Mutex<HashMap<(String, String), Arc<dyn Policy>>>,
+    weights: SharedWeights,
+    /// The default and allowed policies as configured: never evicted, so a request
+    /// naming one gets the very object the engine batches by.
+    configured: HashMap<PolicyKey, Arc<dyn Policy>>,
+    /// Policies built for requests' parameters.
+    recent: Mutex<LruCache<PolicyKey, Arc<dyn Policy>>>,
+}
+
+/// A policy name and its merged parameters as canonical JSON (keys sorted at every
+/// level), so key order in a request does not make a new policy.
+type PolicyKey = (String, String);
+
+fn policy_key(name: &str, params: &Map<String, Value>) -> PolicyKey {
+    (name.to_string(), canonical(&Value::Object(params.clone())).to_string())
+}
+
+fn canonical(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let sorted: BTreeMap<&String, Value> = map.iter().map(|(k, v)| (k, canonical(v))).collect();
+            Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+        }
+        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
 }
 
 impl fmt::Debug for PolicyCatalog {
@@ -79,7 +108,9 @@ impl PolicyCatalog {
         models: Vec<ModelInfo>,
         ctx: PolicyContext,
     ) -> Result<Self, (Option<usize>, PolicyError)> {
-        let default_policy = policy::build(default_name, default_params, &models, &ctx).map_err(|e| (None, e))?;
+        let weights = SharedWeights::default();
+        let default_policy =
+            policy::build_shared(default_name, default_params, &models, &ctx, &weights).map_err(|e| (None, e))?;
         let mut table = BTreeMap::new();
         table.insert(default_name.to_string(), as_object(default_params));
         for (name, params) in allowed {
@@ -90,22 +121,28 @@ impl PolicyCatalog {
             base.extend(as_object(params));
             table.insert(name.clone(), base);
         }
-        let catalog = PolicyCatalog {
+        let mut configured = HashMap::new();
+        configured.insert(policy_key(default_name, &as_object(default_params)), Arc::clone(&default_policy));
+        for (i, (name, _)) in allowed.iter().enumerate() {
+            let key = policy_key(name, &table[name]);
+            if configured.contains_key(&key) {
+                continue;
+            }
+            let built = policy::build_shared(name, &Value::Object(table[name].clone()), &models, &ctx, &weights)
+                .map_err(|e| (Some(i), e))?;
+            configured.insert(key, built);
+        }
+        let capacity = NonZeroUsize::new(REQUEST_POLICY_CACHE).expect("a positive capacity");
+        Ok(PolicyCatalog {
             default_name: default_name.to_string(),
-            default_policy: Arc::clone(&default_policy),
+            default_policy,
             allowed: table,
             models,
             ctx,
-            cache: Mutex::new(HashMap::new()),
-        };
-        catalog.remember(default_name, &as_object(default_params), default_policy);
-        for (i, (name, _)) in allowed.iter().enumerate() {
-            let params = catalog.allowed[name].clone();
-            let built = policy::build(name, &Value::Object(params.clone()), &catalog.models, &catalog.ctx)
-                .map_err(|e| (Some(i), e))?;
-            catalog.remember(name, &params, built);
-        }
-        Ok(catalog)
+            weights,
+            configured,
+            recent: Mutex::new(LruCache::new(capacity)),
+        })
     }
 
     /// The policy requests get when they name none (the engine's `default_policy`).
@@ -157,36 +194,51 @@ impl PolicyCatalog {
                 return Err(CatalogError::InvalidParams(format!("routing.params must be an object, got {other}")));
             }
         }
-        let key = (name.to_string(), Value::Object(merged.clone()).to_string());
-        if let Some(found) = self.lock().get(&key) {
-            return Ok(Arc::clone(found));
+        let key = policy_key(name, &merged);
+        if let Some(found) = self.cached(&key) {
+            return Ok(found);
         }
-        let built =
-            policy::build(name, &Value::Object(merged.clone()), &self.models, &self.ctx).map_err(|e| match e {
+        // Built outside the lock: a slow build must not stall requests that hit the cache.
+        let built = policy::build_shared(name, &Value::Object(merged), &self.models, &self.ctx, &self.weights)
+            .map_err(|e| match e {
                 PolicyError::InvalidParams { .. } | PolicyError::UnknownModel { .. } => {
                     CatalogError::InvalidParams(e.to_string())
                 }
                 other => CatalogError::InvalidParams(format!("policy `{name}`: {other}")),
             })?;
-        Ok(self.remember(name, &merged, built))
+        Ok(self.remember(key, built))
     }
 
-    /// Caches `built` under (name, params) unless the cache is full; returns the cached
-    /// object (an equal one may have been built concurrently).
-    fn remember(&self, name: &str, params: &Map<String, Value>, built: Arc<dyn Policy>) -> Arc<dyn Policy> {
-        let key = (name.to_string(), Value::Object(params.clone()).to_string());
-        let mut cache = self.lock();
-        if let Some(found) = cache.get(&key) {
+    /// Request-made policies held now (at most [`REQUEST_POLICY_CACHE`]).
+    pub fn cached_request_policies(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The weight files every policy of this catalog shares.
+    pub fn shared_weights(&self) -> &SharedWeights {
+        &self.weights
+    }
+
+    fn cached(&self, key: &PolicyKey) -> Option<Arc<dyn Policy>> {
+        if let Some(found) = self.configured.get(key) {
+            return Some(Arc::clone(found));
+        }
+        self.lock().get(key).map(Arc::clone)
+    }
+
+    /// Caches `built`, evicting the least recently used beyond the bound; returns the
+    /// cached object (an equal one may have been built concurrently).
+    fn remember(&self, key: PolicyKey, built: Arc<dyn Policy>) -> Arc<dyn Policy> {
+        let mut recent = self.lock();
+        if let Some(found) = recent.get(&key) {
             return Arc::clone(found);
         }
-        if cache.len() < CACHE_LIMIT {
-            cache.insert(key, Arc::clone(&built));
-        }
+        recent.put(key, Arc::clone(&built));
         built
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<dyn Policy>>> {
-        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> MutexGuard<'_, LruCache<PolicyKey, Arc<dyn Policy>>> {
+        self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -196,3 +248,7 @@ fn as_object(params: &Value) -> Map<String, Value> {
         _ => Map::new(),
     }
 }
+
+#[cfg(test)]
+#[path = "catalog_tests.rs"]
+mod tests;

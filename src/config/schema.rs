@@ -11,6 +11,8 @@ use serde_json::Value;
 use tokenrouter_actors::StepLimits;
 use tokenrouter_core::model::{BackendKind, WeightDtype};
 
+use crate::http::RequestLimits;
+
 /// One model: a Hugging Face folder (`path`) or a random-weight `preset` made in the cache.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -294,6 +296,22 @@ pub struct ServerSection {
     /// On SIGINT/SIGTERM, in-flight requests get this long to finish before they are cancelled.
     #[serde(default = "defaults_server::shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
+    /// Bounds on user-sized request fields (absent: `RequestLimits::default()`'s).
+    #[serde(default)]
+    pub max_stop_strings: Option<usize>,
+    #[serde(default)]
+    pub max_stop_string_bytes: Option<usize>,
+    #[serde(default)]
+    pub max_stop_token_ids: Option<usize>,
+    #[serde(default)]
+    pub max_top_logprobs: Option<usize>,
+    /// Absent: the context is the only bound.
+    #[serde(default)]
+    pub max_prompt_tokens: Option<usize>,
+    #[serde(default)]
+    pub max_routing_params_bytes: Option<usize>,
+    #[serde(default)]
+    pub max_session_id_bytes: Option<usize>,
 }
 
 impl Default for ServerSection {
@@ -306,11 +324,32 @@ impl Default for ServerSection {
             max_queued_requests: defaults_server::max_queued_requests(),
             max_tokens_limit: None,
             shutdown_grace_secs: defaults_server::shutdown_grace_secs(),
+            max_stop_strings: None,
+            max_stop_string_bytes: None,
+            max_stop_token_ids: None,
+            max_top_logprobs: None,
+            max_prompt_tokens: None,
+            max_routing_params_bytes: None,
+            max_session_id_bytes: None,
         }
     }
 }
 
 impl ServerSection {
+    /// The HTTP layer's bounds on request fields: the keys given, defaults for the rest.
+    pub fn request_limits(&self) -> RequestLimits {
+        let d = RequestLimits::default();
+        RequestLimits {
+            max_stop_strings: self.max_stop_strings.unwrap_or(d.max_stop_strings),
+            max_stop_string_bytes: self.max_stop_string_bytes.unwrap_or(d.max_stop_string_bytes),
+            max_stop_token_ids: self.max_stop_token_ids.unwrap_or(d.max_stop_token_ids),
+            max_top_logprobs: self.max_top_logprobs.unwrap_or(d.max_top_logprobs),
+            max_prompt_tokens: self.max_prompt_tokens.or(d.max_prompt_tokens),
+            max_routing_params_bytes: self.max_routing_params_bytes.unwrap_or(d.max_routing_params_bytes),
+            max_session_id_bytes: self.max_session_id_bytes.unwrap_or(d.max_session_id_bytes),
+        }
+    }
+
     /// `host:port`, for binding and for the URL printed at start.
     pub fn address(&self) -> String {
         match self.host.contains(':') {

@@ -101,13 +101,7 @@ fn the_demo_materializes_once_and_its_models_load() {
 
 #[test]
 fn presets_get_the_real_qwen3_tokenizer_when_it_is_at_hand() {
-    let assets = std::env::var_os("TOKENROUTER_ASSETS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/assets"));
-    if !assets.join("qwen3/tokenizer.json").is_file() {
-        eprintln!("skipping: no Qwen3 tokenizer under {} (run .ci/run to fetch it)", assets.display());
-        return;
-    }
+    let Some(_) = tokenrouter_core::assets::tokenizer_dir("qwen3") else { return };
     let dir = tempfile::tempdir().unwrap();
     let cache = ModelCache::new(dir.path(), TokenizerChoice::Auto { fetch: false });
     let mut config = tiny_demo();

@@ -35,6 +35,12 @@ pub trait Generator: Send + Sync + 'static {
     /// The longest sequence (prompt + output) every model accepts.
     fn max_context(&self) -> usize;
 
+    /// Token ids every model accepts are below this; `None` when unknown (the engine
+    /// still checks prompts, so the HTTP layer's check only names the field).
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
+
     /// Submits a request; its events arrive on the stream.
     fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>>;
 
@@ -100,6 +106,10 @@ impl Generator for Engine {
 
     fn max_context(&self) -> usize {
         Engine::max_context(self)
+    }
+
+    fn vocab_size(&self) -> Option<usize> {
+        Some(self.shared_vocab())
     }
 
     fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>> {

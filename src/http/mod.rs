@@ -1,14 +1,15 @@
 //! The OpenAI-compatible HTTP layer (actix-web): `POST /v1/chat/completions` and
 //! `POST /v1/completions` (JSON or SSE), `GET /v1/models`, `GET /health`,
-//! `GET /metrics` (Prometheus) and `GET /v1/stats` (JSON for the dashboard).
+//! `GET /metrics` (Prometheus), `GET /v1/stats` (JSON for the dashboard) and
+//! `GET /openapi.json` (an OpenAPI description of all of these).
 //!
 //! Handlers talk to a [`Generator`] (implemented for the engine) and choose policies
 //! through a [`PolicyResolver`]; every failure is an [`ApiError`], mapped to a status
 //! and OpenAI's error envelope in one place.
 //!
 //! With API keys configured, the `/v1/chat/completions`, `/v1/completions` and
-//! `/v1/models` routes need `Authorization: Bearer <key>`; `/health`, `/metrics` and
-//! `/v1/stats` are operational read-only views and need none.
+//! `/v1/models` routes need `Authorization: Bearer <key>`; `/health`, `/metrics`,
+//! `/v1/stats` and `/openapi.json` are operational read-only views and need none.
 
 mod debug;
 mod error;
@@ -17,6 +18,7 @@ mod generator;
 mod handlers;
 mod info;
 mod metrics;
+mod openapi;
 mod request;
 mod response;
 mod routing;
@@ -32,10 +34,11 @@ pub use error::ApiError;
 pub use extract::{ApiJson, Authorized};
 pub use generator::{EngineStats, EventStream, Generator};
 pub use metrics::install_metrics_recorder;
+pub use openapi::document as openapi_document;
 pub use request::{Endpoint, OpenAiRequest};
 pub use routing::{DefaultPolicyOnly, PolicyResolver, RoutingRequest};
 pub use server::{run_server, RunningServer};
-pub use state::{AppState, Limits};
+pub use state::{AppState, Limits, RequestLimits};
 
 /// The API's routes, for composing into another app (`App::configure`). Needs
 /// `web::Data<AppState>` in the app's data.
@@ -46,6 +49,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/stats", web::get().to(info::stats))
         .route("/health", web::get().to(info::health))
         .route("/metrics", web::get().to(info::metrics))
+        .route("/openapi.json", web::get().to(openapi::openapi))
         .route("/dashboard", web::get().to(dashboard))
         .route("/debug/fault", web::post().to(debug::inject_fault));
 }

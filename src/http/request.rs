@@ -4,16 +4,18 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokenrouter_actors::GenerateRequest;
-use tokenrouter_core::model::sampler::{SamplingError, SamplingParams};
+use tokenrouter_core::model::sampler::{SamplingError, SamplingParams, MAX_LOGPROBS};
+use tokenrouter_core::policy::Policy;
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 
 use super::error::ApiError;
 use super::routing::RoutingRequest;
-use super::state::AppState;
+use super::state::{AppState, RequestLimits};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -119,7 +121,7 @@ pub struct Plan {
 impl OpenAiRequest {
     /// Validates, resolves the policy, tokenizes and checks lengths. Cheap checks
     /// come first so a bad request costs no tokenization.
-    pub async fn plan(self, state: &AppState, endpoint: Endpoint) -> Result<Plan, ApiError> {
+    pub async fn plan(mut self, state: &AppState, endpoint: Endpoint) -> Result<Plan, ApiError> {
         let bad = |m: &str, p: &str| Err(ApiError::bad_request(m, Some(p)));
         if self.n.is_some_and(|n| n != 1) {
             return bad("only n = 1 is supported", "n");
@@ -130,24 +132,23 @@ impl OpenAiRequest {
         if self.echo == Some(true) {
             return bad("echo is not supported", "echo");
         }
+        let limits = &state.limits.request;
+        let vocab = state.engine.vocab_size();
+        let stop = self.stop_strings(limits)?;
+        let stop_ids = self.stop_token_ids(limits, vocab)?;
+        self.check_session_id(limits)?;
         let model = state.check_model(self.model.as_deref())?;
-        let logprobs = self.logprobs_wanted(endpoint)?;
-        let policy = state.policies.resolve(self.routing.as_ref())?;
+        let logprobs = self.logprobs_wanted(endpoint, limits.max_top_logprobs)?;
+        let policy = self.resolve_policy(state)?;
         let sampling = self.sampling(logprobs)?;
         let (prompt, prompt_text, prompt_param) = self.tokenize(state, endpoint).await?;
+        check_prompt_ids(&prompt, vocab, prompt_param)?;
         let max_tokens = self.max_tokens(state, prompt.len(), prompt_param)?;
         let mut generate = GenerateRequest::new(prompt, max_tokens);
         generate.sampling = sampling;
         generate.policy = policy;
-        generate.stop = match self.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
-        };
-        if generate.stop.iter().any(String::is_empty) {
-            return bad("stop strings must not be empty", "stop");
-        }
-        generate.stop_ids = self.stop_token_ids.unwrap_or_default();
+        generate.stop = stop;
+        generate.stop_ids = stop_ids;
         generate.ignore_eos = self.ignore_eos.unwrap_or(false);
         generate.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
         Ok(Plan {
@@ -163,7 +164,91 @@ impl OpenAiRequest {
         })
     }
 
-    fn logprobs_wanted(&self, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+    /// `stop` as a list, within the count and length limits; empty strings would end
+    /// every request at once.
+    fn stop_strings(&mut self, limits: &RequestLimits) -> Result<Vec<String>, ApiError> {
+        let stop = match self.stop.take() {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        let bad = |m: String| Err(ApiError::bad_request(m, Some("stop")));
+        if stop.len() > limits.max_stop_strings {
+            return bad(format!("{} stop strings; this server allows at most {}", stop.len(), limits.max_stop_strings));
+        }
+        if stop.iter().any(String::is_empty) {
+            return bad("stop strings must not be empty".into());
+        }
+        if let Some(long) = stop.iter().find(|s| s.len() > limits.max_stop_string_bytes) {
+            let max = limits.max_stop_string_bytes;
+            return bad(format!("a stop string has {} bytes; this server allows at most {max}", long.len()));
+        }
+        Ok(stop)
+    }
+
+    /// `stop_token_ids`, within the count limit and the vocabulary (when known).
+    fn stop_token_ids(&mut self, limits: &RequestLimits, vocab: Option<usize>) -> Result<Vec<u32>, ApiError> {
+        let ids = self.stop_token_ids.take().unwrap_or_default();
+        let bad = |m: String| Err(ApiError::bad_request(m, Some("stop_token_ids")));
+        if ids.len() > limits.max_stop_token_ids {
+            return bad(format!(
+                "{} stop token ids; this server allows at most {}",
+                ids.len(),
+                limits.max_stop_token_ids
+            ));
+        }
+        if let Some((id, vocab)) = vocab.and_then(|v| ids.iter().find(|&&t| t as usize >= v).map(|&t| (t, v))) {
+            return bad(format!("token id {id} is outside the vocabulary (size {vocab})"));
+        }
+        Ok(ids)
+    }
+
+    /// Sessions are kept on the server under their id: a long id is memory the client
+    /// chooses.
+    fn check_session_id(&self, limits: &RequestLimits) -> Result<(), ApiError> {
+        match &self.session_id {
+            Some(id) if id.len() > limits.max_session_id_bytes => Err(ApiError::bad_request(
+                format!(
+                    "session_id has {} bytes; this server allows at most {}",
+                    id.len(),
+                    limits.max_session_id_bytes
+                ),
+                Some("session_id"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The policy the request chose; `routing.params` is bounded before it is parsed
+    /// into a policy (a distinct parameter set may build one).
+    fn resolve_policy(&self, state: &AppState) -> Result<Option<Arc<dyn Policy>>, ApiError> {
+        let max = state.limits.request.max_routing_params_bytes;
+        if let Some(params) = self.routing.as_ref().and_then(|r| r.params.as_ref()) {
+            let size = serde_json::to_string(params).map_or(usize::MAX, |s| s.len());
+            if size > max {
+                let m = format!("routing.params has {size} bytes as JSON; this server allows at most {max}");
+                return Err(ApiError::bad_request(m, Some("routing.params")));
+            }
+        }
+        state.policies.resolve(self.routing.as_ref())
+    }
+
+    /// Alternatives per token: chat's `logprobs: true` + `top_logprobs`, or the
+    /// completions' integer `logprobs`; at most `max` (and the sampler's cap).
+    fn logprobs_wanted(&self, endpoint: Endpoint, max: usize) -> Result<Option<usize>, ApiError> {
+        let wanted = self.logprobs_by_convention(endpoint)?;
+        let max = max.min(MAX_LOGPROBS);
+        match wanted {
+            Some(n) if n > max => {
+                let param = if endpoint == Endpoint::Chat { "top_logprobs" } else { "logprobs" };
+                let m = format!("{param} is {n}; this server allows at most {max} alternatives per token");
+                Err(ApiError::bad_request(m, Some(param)))
+            }
+            _ => Ok(wanted),
+        }
+    }
+
+    fn logprobs_by_convention(&self, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
         match (endpoint, self.logprobs) {
             (Endpoint::Chat, None | Some(Logprobs::Flag(false))) if self.top_logprobs.is_some_and(|n| n > 0) => {
                 Err(ApiError::bad_request("top_logprobs needs logprobs: true", Some("top_logprobs")))
@@ -257,13 +342,7 @@ impl OpenAiRequest {
     /// what the context leaves (within the limit).
     fn max_tokens(&self, state: &AppState, prompt_len: usize, prompt_param: &str) -> Result<usize, ApiError> {
         let context = state.engine.max_context();
-        if prompt_len == 0 {
-            return Err(ApiError::bad_request("the prompt is empty", Some(prompt_param)));
-        }
-        if prompt_len >= context {
-            let m = format!("the prompt has {prompt_len} tokens; this model's context is {context} tokens");
-            return Err(ApiError::bad_request(m, Some(prompt_param)));
-        }
+        check_prompt_len(prompt_len, context, state.limits.request.max_prompt_tokens, prompt_param)?;
         let limit = state.limits.max_tokens_limit;
         let (asked, param) = match (self.max_completion_tokens, self.max_tokens) {
             (Some(n), _) => (n, "max_completion_tokens"),
@@ -287,6 +366,33 @@ impl OpenAiRequest {
             return Err(ApiError::bad_request(m, Some(param)));
         }
         Ok(asked)
+    }
+}
+
+/// A prompt must leave room for one output token, and stay within the server's
+/// prompt limit when one is set.
+fn check_prompt_len(len: usize, context: usize, max_prompt: Option<usize>, param: &str) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::bad_request(m, Some(param)));
+    if len == 0 {
+        return bad("the prompt is empty".into());
+    }
+    if let Some(max) = max_prompt.filter(|&max| len > max) {
+        return bad(format!("the prompt has {len} tokens; this server allows at most {max}"));
+    }
+    if len >= context {
+        return bad(format!("the prompt has {len} tokens; this model's context is {context} tokens"));
+    }
+    Ok(())
+}
+
+/// Token-id prompts are the client's numbers: each must name a token.
+fn check_prompt_ids(ids: &[u32], vocab: Option<usize>, param: &str) -> Result<(), ApiError> {
+    let Some(vocab) = vocab else { return Ok(()) };
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(t) => {
+            Err(ApiError::bad_request(format!("token id {t} is outside the vocabulary (size {vocab})"), Some(param)))
+        }
+        None => Ok(()),
     }
 }
 
@@ -333,11 +439,11 @@ mod tests {
     #[test]
     fn logprobs_follow_each_endpoints_convention() {
         let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap();
-        assert_eq!(r(br#"{"logprobs":true,"top_logprobs":2}"#).logprobs_wanted(Endpoint::Chat).unwrap(), Some(2));
-        assert_eq!(r(br#"{"logprobs":3}"#).logprobs_wanted(Endpoint::Completions).unwrap(), Some(3));
-        assert_eq!(r(br#"{}"#).logprobs_wanted(Endpoint::Chat).unwrap(), None);
-        assert!(r(br#"{"logprobs":3}"#).logprobs_wanted(Endpoint::Chat).is_err());
-        assert!(r(br#"{"top_logprobs":3}"#).logprobs_wanted(Endpoint::Chat).is_err());
+        assert_eq!(r(br#"{"logprobs":true,"top_logprobs":2}"#).logprobs_wanted(Endpoint::Chat, 20).unwrap(), Some(2));
+        assert_eq!(r(br#"{"logprobs":3}"#).logprobs_wanted(Endpoint::Completions, 20).unwrap(), Some(3));
+        assert_eq!(r(br#"{}"#).logprobs_wanted(Endpoint::Chat, 20).unwrap(), None);
+        assert!(r(br#"{"logprobs":3}"#).logprobs_wanted(Endpoint::Chat, 20).is_err());
+        assert!(r(br#"{"top_logprobs":3}"#).logprobs_wanted(Endpoint::Chat, 20).is_err());
     }
 
     #[test]
@@ -353,5 +459,66 @@ mod tests {
         let a = parse_json::<OpenAiRequest>(b"{}").unwrap().sampling(None).unwrap().seed;
         let b = parse_json::<OpenAiRequest>(b"{}").unwrap().sampling(None).unwrap().seed;
         assert_ne!(a, b, "requests without a seed get fresh ones");
+    }
+
+    fn refusal<T: std::fmt::Debug>(result: Result<T, ApiError>) -> (u16, Option<String>) {
+        let e = result.expect_err("refused");
+        (e.status().as_u16(), e.param().map(str::to_string))
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_number_and_length() {
+        let limits = RequestLimits { max_stop_strings: 2, max_stop_string_bytes: 4, ..RequestLimits::default() };
+        let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap().stop_strings(&limits);
+        assert_eq!(r(br#"{"stop":"abcd"}"#).unwrap(), ["abcd"]);
+        assert_eq!(r(br#"{"stop":["a","b"]}"#).unwrap(), ["a", "b"]);
+        assert!(r(br#"{}"#).unwrap().is_empty());
+        for body in [&br#"{"stop":["a","b","c"]}"#[..], br#"{"stop":"abcde"}"#, br#"{"stop":["a",""]}"#] {
+            assert_eq!(refusal(r(body)), (400, Some("stop".into())), "{}", String::from_utf8_lossy(body));
+        }
+        // Bytes, not characters: a 2-character string of 3-byte characters is 6 bytes.
+        assert_eq!(refusal(r("{\"stop\":\"\u{2603}\u{2603}\"}".as_bytes())).1.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn stop_token_ids_are_bounded_and_inside_the_vocabulary() {
+        let limits = RequestLimits { max_stop_token_ids: 3, ..RequestLimits::default() };
+        let r = |body: &[u8], vocab| parse_json::<OpenAiRequest>(body).unwrap().stop_token_ids(&limits, vocab);
+        assert_eq!(r(br#"{"stop_token_ids":[1,2,3]}"#, Some(10)).unwrap(), [1, 2, 3]);
+        let too_many = refusal(r(br#"{"stop_token_ids":[1,2,3,4]}"#, Some(10)));
+        assert_eq!(too_many, (400, Some("stop_token_ids".into())));
+        assert_eq!(refusal(r(br#"{"stop_token_ids":[10]}"#, Some(10))).1.as_deref(), Some("stop_token_ids"));
+        assert_eq!(r(br#"{"stop_token_ids":[10]}"#, None).unwrap(), [10], "unknown vocabulary: the engine decides");
+    }
+
+    #[test]
+    fn alternatives_per_token_are_capped_by_the_server() {
+        let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap();
+        assert_eq!(r(br#"{"logprobs":true,"top_logprobs":5}"#).logprobs_wanted(Endpoint::Chat, 5).unwrap(), Some(5));
+        let chat = refusal(r(br#"{"logprobs":true,"top_logprobs":6}"#).logprobs_wanted(Endpoint::Chat, 5));
+        assert_eq!(chat, (400, Some("top_logprobs".into())));
+        let completions = refusal(r(br#"{"logprobs":6}"#).logprobs_wanted(Endpoint::Completions, 5));
+        assert_eq!(completions, (400, Some("logprobs".into())));
+        // A configured cap above the sampler's still stops at the sampler's 20.
+        let above = refusal(r(br#"{"logprobs":21}"#).logprobs_wanted(Endpoint::Completions, 100));
+        assert_eq!(above.1.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn prompts_are_bounded_by_the_server_and_the_context() {
+        assert!(check_prompt_len(10, 100, Some(10), "prompt").is_ok());
+        assert_eq!(refusal(check_prompt_len(11, 100, Some(10), "messages")), (400, Some("messages".into())));
+        assert_eq!(refusal(check_prompt_len(100, 100, None, "prompt")).1.as_deref(), Some("prompt"));
+        assert_eq!(refusal(check_prompt_len(0, 100, None, "prompt")).1.as_deref(), Some("prompt"));
+        assert!(check_prompt_ids(&[0, 9], Some(10), "prompt").is_ok());
+        assert_eq!(refusal(check_prompt_ids(&[0, 10], Some(10), "prompt")), (400, Some("prompt".into())));
+    }
+
+    #[test]
+    fn long_session_ids_are_refused() {
+        let limits = RequestLimits { max_session_id_bytes: 8, ..RequestLimits::default() };
+        let r = |body: &[u8]| parse_json::<OpenAiRequest>(body).unwrap().check_session_id(&limits);
+        assert!(r(br#"{"session_id":"agent-07"}"#).is_ok());
+        assert_eq!(refusal(r(br#"{"session_id":"agent-007"}"#)), (400, Some("session_id".into())));
     }
 }

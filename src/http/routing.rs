@@ -28,6 +28,11 @@ pub struct RoutingRequest {
 /// `routing` (e.g. `routing.policy`).
 pub trait PolicyResolver: Send + Sync + 'static {
     fn resolve(&self, routing: Option<&RoutingRequest>) -> Result<Option<Arc<dyn Policy>>, ApiError>;
+
+    /// The names `routing.policy` may take, for `/openapi.json`; empty when unknown.
+    fn policy_names(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Allows only the engine's default policy (what a server without a policy catalog
@@ -45,6 +50,10 @@ impl DefaultPolicyOnly {
 }
 
 impl PolicyResolver for DefaultPolicyOnly {
+    fn policy_names(&self) -> Vec<String> {
+        vec![self.default_name.clone(), "default".into()]
+    }
+
     fn resolve(&self, routing: Option<&RoutingRequest>) -> Result<Option<Arc<dyn Policy>>, ApiError> {
         let Some(routing) = routing else { return Ok(None) };
         if let Some(name) = routing.policy.as_deref() {

@@ -29,6 +29,46 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// HTTP worker threads; actix's default (one per physical core) when `None`.
     pub workers: Option<usize>,
+    /// Bounds on the request fields whose size the client chooses.
+    pub request: RequestLimits,
+}
+
+/// Bounds on user-sized request fields, each refused with a 400 naming the field.
+/// The body limit alone bounds bytes, not the work a field causes: every stop string
+/// is matched at every step, and each alternative logprob is sorted and decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Strings in `stop`. OpenAI allows 4; vLLM has no cap. 16 serves clients written
+    /// for vLLM (several end markers per template) while keeping per-step matching cheap.
+    pub max_stop_strings: usize,
+    /// Bytes of one stop string: longer ones are not end markers, and each costs a
+    /// suffix match of its length at every step.
+    pub max_stop_string_bytes: usize,
+    /// Ids in `stop_token_ids` (vLLM's extension); each must be inside the vocabulary.
+    pub max_stop_token_ids: usize,
+    /// Alternatives per token in `top_logprobs` (chat) or `logprobs` (completions);
+    /// OpenAI's cap is 20, and so is the sampler's.
+    pub max_top_logprobs: usize,
+    /// Prompt tokens; `None`: whatever the context leaves room for.
+    pub max_prompt_tokens: Option<usize>,
+    /// Bytes of `routing.params` as JSON: a few numbers, never a document.
+    pub max_routing_params_bytes: usize,
+    /// Bytes of `session_id` (or `X-Session-Id`): sessions are kept under their id.
+    pub max_session_id_bytes: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_stop_strings: 16,
+            max_stop_string_bytes: 256,
+            max_stop_token_ids: 64,
+            max_top_logprobs: 20,
+            max_prompt_tokens: None,
+            max_routing_params_bytes: 4096,
+            max_session_id_bytes: 256,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -40,6 +80,7 @@ impl Default for Limits {
             keep_alive_interval: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             workers: None,
+            request: RequestLimits::default(),
         }
     }
 }

@@ -24,6 +24,7 @@ use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 pub use learning::{Learning, LearningSnapshot};
 pub use pool::{Member, Pool, Refusal};
 pub use start::{start_pools, StartedPools};
+pub use upstream::UpstreamTimeouts;
 
 use crate::http::{EngineStats, EventStream, Generator};
 

@@ -7,7 +7,7 @@ use anyhow::Context;
 use tokenrouter_actors::{Engine, EngineConfig};
 use tokenrouter_core::pool::PoolChoice;
 
-use super::{Member, Pool, PoolDispatcher};
+use super::{Member, Pool, PoolDispatcher, UpstreamTimeouts};
 use crate::config::{PoolEntry, PoolsSection};
 use crate::http::Generator;
 
@@ -46,7 +46,10 @@ async fn start_pool(
         members.push(Member::new(Arc::new(started), entry.concurrency));
     }
     for url in &entry.upstreams {
-        members.push(Member::new(Arc::new(super::upstream::Upstream::new(url)?), entry.concurrency));
+        members.push(Member::new(
+            Arc::new(super::upstream::Upstream::new(url, UpstreamTimeouts::default())?),
+            entry.concurrency,
+        ));
     }
     Ok(Pool { choice, max_context: entry.max_context, members })
 }

@@ -3,8 +3,11 @@
 //! prompts (the dispatcher has tokenized already) with `stream: true`; the SSE chunks
 //! come back as engine events. Token ids arrive when the server honours vLLM's
 //! `return_token_ids`; otherwise each chunk is one event with id 0 and its text.
+//! Every wait on the upstream has a limit (`UpstreamTimeouts`): a stalled upstream
+//! ends the request with an error, in the stream once it has begun.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream};
@@ -13,38 +16,96 @@ use serde_json::{json, Value};
 use tokenrouter_actors::tokenizer::RenderedChat;
 use tokenrouter_actors::{EngineError, GenerateRequest, GenerationEvent, Usage};
 use tokenrouter_core::sched::FinishReason;
+use tokenrouter_core::sse::{SseEvent, SseParser};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 
 use crate::http::{EngineStats, EventStream, Generator};
 
+/// Time limits on an upstream member's HTTP, so that a stalled upstream ends its
+/// client's request with an error instead of holding it (and a pool slot) forever.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTimeouts {
+    /// Opening the TCP connection.
+    pub connect_s: f64,
+    /// From sending the request to the response's status and headers.
+    pub head_s: f64,
+    /// Between two pieces of a streamed body: long enough for an upstream's prefill
+    /// of a long prompt before its first token.
+    pub idle_s: f64,
+}
+
+impl Default for UpstreamTimeouts {
+    fn default() -> Self {
+        UpstreamTimeouts { connect_s: 5.0, head_s: 60.0, idle_s: 120.0 }
+    }
+}
+
+impl UpstreamTimeouts {
+    fn connect(&self) -> Duration {
+        Duration::from_secs_f64(self.connect_s)
+    }
+
+    fn head(&self) -> Duration {
+        Duration::from_secs_f64(self.head_s)
+    }
+
+    fn idle(&self) -> Duration {
+        Duration::from_secs_f64(self.idle_s)
+    }
+
+    /// (key, message) for every value that is not a positive number of seconds.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        [("connect_s", self.connect_s), ("head_s", self.head_s), ("idle_s", self.idle_s)]
+            .into_iter()
+            .filter(|(_, v)| !(v.is_finite() && *v > 0.0 && *v < 1e9))
+            .map(|(key, v)| (key, format!("must be a positive number of seconds (got {v})")))
+            .collect()
+    }
+}
+
 pub struct Upstream {
     base: String,
     client: reqwest::Client,
+    timeouts: UpstreamTimeouts,
 }
 
 impl Upstream {
-    pub fn new(url: &str) -> anyhow::Result<Self> {
-        Ok(Upstream { base: url.trim_end_matches('/').to_string(), client: reqwest::Client::builder().build()? })
+    pub fn new(url: &str, timeouts: UpstreamTimeouts) -> anyhow::Result<Self> {
+        if let Some((key, message)) = timeouts.problems().into_iter().next() {
+            anyhow::bail!("upstream timeouts: {key} {message}");
+        }
+        let client = reqwest::Client::builder().connect_timeout(timeouts.connect()).build()?;
+        Ok(Upstream { base: url.trim_end_matches('/').to_string(), client, timeouts })
     }
 
     async fn start(&self, request: GenerateRequest) -> Result<EventStream, EngineError> {
-        let response = self
-            .client
-            .post(format!("{}/v1/completions", self.base))
-            .json(&completion_body(&request))
-            .send()
-            .await
-            .map_err(|e| EngineError::Internal(format!("upstream {}: {e}", self.base)))?;
+        let send = self.client.post(format!("{}/v1/completions", self.base)).json(&completion_body(&request)).send();
+        let response = match tokio::time::timeout(self.timeouts.head(), send).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) if e.is_connect() && e.is_timeout() => {
+                return Err(self.stalled(format!("no connection within {} s (connect_s)", self.timeouts.connect_s)))
+            }
+            Ok(Err(e)) => return Err(EngineError::Internal(format!("upstream {}: {}", self.base, chain(&e)))),
+            Err(_) => return Err(self.stalled(format!("no response head within {} s (head_s)", self.timeouts.head_s))),
+        };
         let status = response.status();
         if !status.is_success() {
-            let body: Value = response.json().await.unwrap_or(Value::Null);
+            // The error body is read under the idle limit too: a stalled upstream may stop here.
+            let body = tokio::time::timeout(self.timeouts.idle(), response.json::<Value>()).await;
+            let body = body.ok().and_then(Result::ok).unwrap_or(Value::Null);
             let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
             return Err(match status.as_u16() {
                 400 => EngineError::InvalidRequest(format!("upstream {}: {message}", self.base)),
                 _ => EngineError::Internal(format!("upstream {} answered {status}: {message}", self.base)),
             });
         }
-        Ok(events_of(response.bytes_stream().boxed()))
+        let reader = StreamReader::new(self.base.clone(), request.prompt.len(), self.timeouts);
+        Ok(reader.events(response.bytes_stream().boxed()))
+    }
+
+    fn stalled(&self, what: String) -> EngineError {
+        EngineError::Internal(format!("upstream {} timed out: {what}", self.base))
     }
 }
 
@@ -72,61 +133,118 @@ fn completion_body(r: &GenerateRequest) -> Value {
     })
 }
 
-/// Parses the SSE body into events; the stream ends after `Finished` or `Error`.
-struct SseState {
-    body: BoxStream<'static, reqwest::Result<bytes::Bytes>>,
-    buffer: String,
+/// An error with its causes: reqwest's own message says little ("error sending
+/// request"), the cause says why (connection refused).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+type Body = BoxStream<'static, reqwest::Result<bytes::Bytes>>;
+
+/// Turns the SSE body into engine events; the stream ends after `Finished` or `Error`.
+struct StreamReader {
+    base: String,
+    prompt_tokens: usize,
+    idle: Duration,
+    idle_s: f64,
+    parser: SseParser,
     ready: VecDeque<GenerationEvent>,
     emitted: usize,
     finish: Option<FinishReason>,
     done: bool,
 }
 
-fn events_of(body: BoxStream<'static, reqwest::Result<bytes::Bytes>>) -> EventStream {
-    let state = SseState { body, buffer: String::new(), ready: VecDeque::new(), emitted: 0, finish: None, done: false };
-    Box::pin(stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(event) = s.ready.pop_front() {
-                return Some((event, s));
-            }
-            if s.done {
-                return None;
-            }
-            match s.body.next().await {
-                Some(Ok(chunk)) => {
-                    s.buffer.push_str(&String::from_utf8_lossy(&chunk));
-                    s.take_events();
-                }
-                Some(Err(e)) => s.fail(format!("upstream stream broke: {e}")),
-                None => s.fail("upstream stream ended without usage".to_string()),
-            }
+impl StreamReader {
+    fn new(base: String, prompt_tokens: usize, timeouts: UpstreamTimeouts) -> Self {
+        StreamReader {
+            base,
+            prompt_tokens,
+            idle: timeouts.idle(),
+            idle_s: timeouts.idle_s,
+            parser: SseParser::default(),
+            ready: VecDeque::new(),
+            emitted: 0,
+            finish: None,
+            done: false,
         }
-    }))
-}
+    }
 
-impl SseState {
+    fn events(self, body: Body) -> EventStream {
+        // Dropping the state drops the body, which closes the connection: the
+        // upstream sees its client leave and stops.
+        Box::pin(stream::unfold((self, body), |(mut s, mut body)| async move {
+            loop {
+                if let Some(event) = s.ready.pop_front() {
+                    return Some((event, (s, body)));
+                }
+                if s.done {
+                    return None;
+                }
+                match tokio::time::timeout(s.idle, body.next()).await {
+                    Ok(Some(Ok(bytes))) => s.read(&bytes),
+                    Ok(Some(Err(e))) => s.fail(format!("upstream {} stream broke: {}", s.base, chain(&e))),
+                    Ok(None) => s.end(),
+                    Err(_) => {
+                        let message = format!("upstream {} timed out: nothing for {} s (idle_s)", s.base, s.idle_s);
+                        s.fail(message)
+                    }
+                }
+            }
+        }))
+    }
+
+    fn read(&mut self, bytes: &[u8]) {
+        for event in self.parser.push(bytes) {
+            self.on_event(event);
+        }
+    }
+
+    /// The body ended: complete if the upstream said so, else an error.
+    fn end(&mut self) {
+        if let Some(event) = self.parser.finish() {
+            self.on_event(event);
+        }
+        if !self.done {
+            self.fail(format!("upstream {} stream ended before its usage or [DONE]", self.base));
+        }
+    }
+
+    fn on_event(&mut self, event: SseEvent) {
+        if self.done {
+            return;
+        }
+        match event {
+            // The usage chunk normally finishes first; a server that sends none ends here.
+            SseEvent::Done => self.finished(self.prompt_tokens, self.emitted),
+            SseEvent::Data(data) => match serde_json::from_str::<Value>(&data) {
+                Ok(chunk) => self.chunk(&chunk),
+                Err(e) => self.fail(format!("upstream {} sent bad JSON: {e}", self.base)),
+            },
+        }
+    }
+
     fn fail(&mut self, message: String) {
         self.ready.push_back(GenerationEvent::error(EngineError::Internal(message), Usage::default()));
         self.done = true;
     }
 
-    /// Every complete `data:` event in the buffer becomes engine events.
-    fn take_events(&mut self) {
-        while let Some(end) = self.buffer.find("\n\n") {
-            let event: String = self.buffer.drain(..end + 2).collect();
-            for data in event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim) {
-                match serde_json::from_str::<Value>(data) {
-                    _ if data == "[DONE]" || self.done => {}
-                    Ok(chunk) => self.chunk(&chunk),
-                    Err(e) => self.fail(format!("upstream sent bad JSON: {e}")),
-                }
-            }
-        }
+    fn finished(&mut self, prompt_tokens: usize, completion_tokens: usize) {
+        let usage = Usage { prompt_tokens, completion_tokens, tokens_per_model: vec![completion_tokens], switches: 0 };
+        let reason = self.finish.unwrap_or(FinishReason::Length);
+        self.ready.push_back(GenerationEvent::Finished { reason, usage, text: String::new(), stop: None });
+        self.done = true;
     }
 
     fn chunk(&mut self, chunk: &Value) {
         if let Some(message) = chunk["error"]["message"].as_str() {
-            return self.fail(format!("upstream: {message}"));
+            return self.fail(format!("upstream {}: {message}", self.base));
         }
         if let Some(choice) = chunk["choices"].get(0) {
             let text = choice["text"].as_str().unwrap_or_default().to_string();
@@ -143,16 +261,7 @@ impl SseState {
         }
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
             let count = |k: &str| usage[k].as_u64().unwrap_or(0) as usize;
-            let completion_tokens = count("completion_tokens");
-            let usage = Usage {
-                prompt_tokens: count("prompt_tokens"),
-                completion_tokens,
-                tokens_per_model: vec![completion_tokens],
-                switches: 0,
-            };
-            let reason = self.finish.unwrap_or(FinishReason::Length);
-            self.ready.push_back(GenerationEvent::Finished { reason, usage, text: String::new(), stop: None });
-            self.done = true;
+            self.finished(count("prompt_tokens"), count("completion_tokens"));
         }
     }
 
@@ -207,9 +316,13 @@ impl Generator for Upstream {
 
     fn ready(&self) -> BoxFuture<'_, bool> {
         async move {
-            let health = self.client.get(format!("{}/health", self.base)).send().await;
+            let health = self.client.get(format!("{}/health", self.base)).timeout(self.timeouts.head()).send().await;
             health.is_ok_and(|r| r.status().is_success())
         }
         .boxed()
     }
 }
+
+#[cfg(test)]
+#[path = "upstream_tests.rs"]
+mod tests;

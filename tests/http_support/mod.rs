@@ -43,6 +43,7 @@ pub fn test_limits() -> Limits {
         keep_alive_interval: Duration::from_secs(10),
         shutdown_grace: Duration::from_secs(10),
         workers: Some(1),
+        ..Limits::default()
     }
 }
 

@@ -23,6 +23,7 @@ pub mod r2r;
 pub mod random;
 pub mod registry;
 pub mod rstitch;
+pub mod shared_weights;
 pub mod weights;
 
 pub use citer::{CiterDelegate, CiterRouter};
@@ -35,8 +36,9 @@ pub use glimprouter::GlimpRouter;
 pub use query::{Always, QueryLevel, QueryRule};
 pub use r2r::{R2rDelegate, R2rRouter, R2rShape};
 pub use random::RandomDelegate;
-pub use registry::{build, PolicyContext, POLICY_NAMES};
+pub use registry::{build, build_shared, PolicyContext, POLICY_NAMES};
 pub use rstitch::RStitch;
+pub use shared_weights::SharedWeights;
 
 /// Index of a model in the engine's model list (the order of the config).
 pub type ModelIndex = usize;

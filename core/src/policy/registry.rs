@@ -31,6 +31,7 @@ use super::query::{Always, QueryLevel, QueryRule};
 use super::r2r::{R2rDelegate, R2rRouter, R2rShape};
 use super::random::RandomDelegate;
 use super::rstitch::RStitch;
+use super::shared_weights::SharedWeights;
 use super::weights::TensorSource;
 use super::{ModelInfo, Policy};
 use crate::model::weights::Checkpoint;
@@ -73,6 +74,18 @@ pub fn build(
     models: &[ModelInfo],
     ctx: &PolicyContext,
 ) -> Result<Arc<dyn Policy>, PolicyError> {
+    build_shared(name, params, models, ctx, &SharedWeights::default())
+}
+
+/// [`build`], taking weight files (router weights, embedding tables) from `weights`, so
+/// policies built from the same files share one copy in memory.
+pub fn build_shared(
+    name: &str,
+    params: &Value,
+    models: &[ModelInfo],
+    ctx: &PolicyContext,
+    weights: &SharedWeights,
+) -> Result<Arc<dyn Policy>, PolicyError> {
     let mut p = Params::new(name, params)?;
     let policy: Arc<dyn Policy> = match name {
         "random" => {
@@ -81,8 +94,8 @@ pub fn build(
         }
         "rstitch" => Arc::new(RStitch::new(p.number("tau", RStitch::DEFAULT_TAU)?, p.pair(models)?)),
         "colm" => Arc::new(build_colm(&mut p, models)?),
-        "citer" => Arc::new(build_citer(&mut p, models, ctx)?),
-        "r2r" => Arc::new(build_r2r(&mut p, models, ctx)?),
+        "citer" => Arc::new(build_citer(&mut p, models, ctx, weights)?),
+        "r2r" => Arc::new(build_r2r(&mut p, models, ctx, weights)?),
         "me" => Arc::new(build_ensemble(&mut p, models)?),
         "glimprouter" => Arc::new(build_glimprouter(&mut p, models, ctx)?),
         "query-level" => Arc::new(build_query_level(&mut p, models)?),
@@ -105,9 +118,16 @@ fn build_colm(p: &mut Params<'_>, models: &[ModelInfo]) -> Result<BinaryAdapter<
 }
 
 /// The router file named by `weights`, or random weights seeded by the context.
-fn tensor_source(p: &mut Params<'_>, ctx: &PolicyContext) -> Result<TensorSource, PolicyError> {
+fn tensor_source(
+    p: &mut Params<'_>,
+    ctx: &PolicyContext,
+    weights: &SharedWeights,
+) -> Result<TensorSource, PolicyError> {
     match p.take::<String>("weights")? {
-        Some(path) => TensorSource::open(&ctx.resolve(&path)),
+        Some(path) => {
+            let path = ctx.resolve(&path);
+            Ok(TensorSource::from_file_tensors(&path, weights.router_file(&path)?))
+        }
         None => Ok(TensorSource::random(ctx.seed)),
     }
 }
@@ -116,10 +136,11 @@ fn build_citer(
     p: &mut Params<'_>,
     models: &[ModelInfo],
     ctx: &PolicyContext,
+    weights: &SharedWeights,
 ) -> Result<BinaryAdapter<CiterDelegate>, PolicyError> {
     let tau = p.number("tau", CiterDelegate::DEFAULT_TAU)?;
     let pair = p.pair(models)?;
-    let router = CiterRouter::new(&mut tensor_source(p, ctx)?, models[pair.small].hidden_size)?;
+    let router = CiterRouter::new(&mut tensor_source(p, ctx, weights)?, models[pair.small].hidden_size)?;
     Ok(BinaryAdapter::new(CiterDelegate::new(router, tau), pair))
 }
 
@@ -127,17 +148,18 @@ fn build_r2r(
     p: &mut Params<'_>,
     models: &[ModelInfo],
     ctx: &PolicyContext,
+    weights: &SharedWeights,
 ) -> Result<BinaryAdapter<R2rDelegate>, PolicyError> {
     let threshold = p.number("threshold", R2rDelegate::DEFAULT_THRESHOLD)?;
     let pair = p.pair(models)?;
-    let mut source = tensor_source(p, ctx)?;
+    let mut source = tensor_source(p, ctx, weights)?;
     let embedding_dir = p.take::<String>("embedding")?.map(|path| ctx.resolve(&path));
     // The router file's own frozen table counts only when no folder is named.
     let embedding =
         match (embedding_dir, source.contains("token_embeddings.weight"), ctx.model_dir(pair.small)) {
-            (Some(dir), _, _) => Some(embedding_table(&dir)?),
+            (Some(dir), _, _) => Some(weights.embedding_table(&dir, embedding_table)?),
             (None, true, _) => None,
-            (None, false, Some(dir)) => Some(embedding_table(dir)?),
+            (None, false, Some(dir)) => Some(weights.embedding_table(dir, embedding_table)?),
             (None, false, None) => return Err(p.error(
                 "needs the small model's embedding table: give its folder (`embedding`, or the engine's model folder)",
             )),

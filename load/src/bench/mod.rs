@@ -168,6 +168,7 @@ pub(crate) mod tests {
                 tokens_per_model: BTreeMap::from([("small".to_string(), 9), ("large".to_string(), 1)]),
                 finish_reason: Some("length".into()),
                 error: None,
+                hung_up: false,
             })
             .collect();
         let mut summary = Summary::new(&requests, 1.0);
@@ -183,13 +184,14 @@ pub(crate) mod tests {
             turns: 1,
             max_requests: 4,
             duration_s: 10.0,
+            hangup_fraction: 0.0,
             seed: 0,
             tokenizer: None,
             trace: None,
             command: vec!["tokenrouter-load".into(), "--clients".into(), "4".into()],
             started_unix_s: 0.0,
         };
-        Report { run, summary, requests }
+        Report { run, summary, soak: None, requests }
     }
 
     /// A report folder with these (system, policy, concurrency, throughput) runs.

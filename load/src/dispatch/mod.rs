@@ -133,8 +133,8 @@ impl Dispatcher {
         };
         let latency = sent.elapsed();
         match result {
-            Ok(d) => Outcome { latency, tally: self.tally(&d), error: None },
-            Err(e) => Outcome { latency, tally: StreamTally::default(), error: Some(e) },
+            Ok(d) => Outcome::new(latency, self.tally(&d), None),
+            Err(e) => Outcome::new(latency, StreamTally::default(), Some(e)),
         }
     }
 

@@ -1,0 +1,423 @@
+//! `GET /openapi.json`: an OpenAPI 3.0 description of the HTTP API, written from the
+//! running server's limits so that its bounds (`max_tokens`, stop strings, logprobs,
+//! ...) are the ones `request.rs` enforces. A fuzzer (schemathesis, tests/fuzz_api.rs)
+//! reads it to generate requests and to check that every response matches it: no 5xx,
+//! and every 4xx in OpenAI's error envelope.
+//!
+//! Hand-written JSON rather than derived from the request type: the request type is
+//! deliberately lax (unknown fields ignored, one type for both endpoints), while the
+//! document should say what each endpoint accepts.
+
+use actix_web::{web, HttpResponse};
+use serde_json::{json, Map, Value};
+use tokenrouter_core::model::sampler::MAX_LOGPROBS;
+
+use super::state::{AppState, RequestLimits};
+
+/// What the document needs to know about the server.
+struct Bounds<'a> {
+    request: &'a RequestLimits,
+    max_tokens: usize,
+    /// Token ids are below this (when the engine knows its vocabulary).
+    vocab: Option<usize>,
+    max_body_bytes: usize,
+    /// The ids `model` may name (others get 404).
+    models: Vec<String>,
+    /// The names `routing.policy` may take (empty: unknown).
+    policies: Vec<String>,
+}
+
+pub async fn openapi(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(document(&state))
+}
+
+/// The whole document for this server.
+pub fn document(state: &AppState) -> Value {
+    let bounds = Bounds {
+        request: &state.limits.request,
+        max_tokens: state.limits.max_tokens_limit,
+        vocab: state.engine.vocab_size(),
+        max_body_bytes: state.limits.max_body_bytes,
+        models: model_ids(state),
+        policies: state.policies.policy_names(),
+    };
+    let mut doc = json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "tokenrouter",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "OpenAI-compatible API of a token-level LLM routing engine. Errors are OpenAI's envelope.",
+        },
+        "paths": paths(),
+        "components": { "schemas": schemas(&bounds), "responses": error_responses() },
+    });
+    if !state.api_keys.is_empty() {
+        doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
+        for path in ["/v1/chat/completions", "/v1/completions", "/v1/models"] {
+            for operation in doc["paths"][path].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                operation["security"] = json!([{ "bearer": [] }]);
+            }
+        }
+    }
+    doc
+}
+
+/// The served id, then each engine model, as `/v1/models` lists them.
+fn model_ids(state: &AppState) -> Vec<String> {
+    let mut ids = vec![state.served_model.clone()];
+    ids.extend(state.engine.model_names().into_iter().filter(|n| *n != state.served_model));
+    ids
+}
+
+fn reference(kind: &str, name: &str) -> Value {
+    json!({ "$ref": format!("#/components/{kind}/{name}") })
+}
+
+fn schema(name: &str) -> Value {
+    reference("schemas", name)
+}
+
+fn json_content(schema: Value) -> Value {
+    json!({ "application/json": { "schema": schema } })
+}
+
+fn paths() -> Value {
+    json!({
+        "/v1/chat/completions": { "post": generation("createChatCompletion", "ChatCompletionRequest", "ChatCompletion") },
+        "/v1/completions": { "post": generation("createCompletion", "CompletionRequest", "Completion") },
+        "/v1/models": { "get": {
+            "operationId": "listModels",
+            "summary": "The served model id, then each engine model (requests may name any).",
+            "responses": { "200": { "description": "The models.", "content": json_content(schema("ModelList")) },
+                           "401": reference("responses", "Error") },
+        }},
+        "/health": { "get": {
+            "operationId": "health",
+            "summary": "200 when every subserver answers; 503 while shutting down or when one does not.",
+            "responses": {
+                "200": { "description": "Ready.", "content": json_content(schema("Health")) },
+                "503": { "description": "Not ready, or shutting down (then in the error envelope).",
+                         "content": json_content(json!({ "oneOf": [schema("Health"), schema("ErrorEnvelope")] })) },
+            },
+        }},
+        "/metrics": { "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus text exposition.",
+            "responses": { "200": { "description": "Metrics.", "content": { "text/plain": { "schema": { "type": "string" } } } } },
+        }},
+        "/v1/stats": { "get": {
+            "operationId": "stats",
+            "summary": "Per-model snapshots, KV use and requests in flight (the dashboard's data).",
+            "responses": { "200": { "description": "Statistics.", "content": json_content(schema("Stats")) } },
+        }},
+        "/openapi.json": { "get": {
+            "operationId": "openapi",
+            "summary": "This document.",
+            "responses": { "200": { "description": "OpenAPI 3.0.", "content": json_content(json!({ "type": "object" })) } },
+        }},
+    })
+}
+
+/// A generation endpoint: JSON or (with `stream: true`) server-sent events.
+fn generation(id: &str, request: &str, response: &str) -> Value {
+    let mut responses = Map::new();
+    responses.insert(
+        "200".into(),
+        json!({
+            "description": "The completion; with `stream: true`, server-sent events of chunks ending in `data: [DONE]`.",
+            "content": {
+                "application/json": { "schema": schema(response) },
+                // Each event: `data` holds a chunk as JSON, or `[DONE]`.
+                "text/event-stream": { "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": { "data": { "type": "string" }, "event": { "type": "string" } },
+                }},
+            },
+        }),
+    );
+    for status in ["400", "401", "404", "413", "429", "500", "503", "504"] {
+        responses.insert(status.into(), reference("responses", "Error"));
+    }
+    json!({
+        "operationId": id,
+        "requestBody": { "required": true, "content": json_content(schema(request)) },
+        "responses": responses,
+    })
+}
+
+fn error_responses() -> Value {
+    json!({ "Error": { "description": "OpenAI's error envelope.", "content": json_content(schema("ErrorEnvelope")) } })
+}
+
+fn schemas(b: &Bounds) -> Value {
+    json!({
+        "ErrorEnvelope": error_envelope(),
+        "ChatCompletionRequest": chat_request(b),
+        "CompletionRequest": completion_request(b),
+        "ChatMessage": chat_message(),
+        "Routing": routing(b),
+        "ChatCompletion": completion_response("chat.completion", chat_choice()),
+        "Completion": completion_response("text_completion", text_choice()),
+        "Usage": usage(),
+        "ModelList": model_list(),
+        "Health": {
+            "type": "object",
+            "required": ["status"],
+            "properties": { "status": { "type": "string" }, "message": { "type": "string" } },
+        },
+        "Stats": stats(),
+    })
+}
+
+fn error_envelope() -> Value {
+    let nullable_string = json!({ "type": "string", "nullable": true });
+    json!({
+        "type": "object",
+        "required": ["error"],
+        "properties": { "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": { "type": "string" },
+                "type": { "type": "string" },
+                "param": nullable_string,
+                "code": nullable_string,
+            },
+        }},
+    })
+}
+
+/// The fields both generation endpoints accept, with the server's bounds.
+fn common_request_fields(b: &Bounds) -> Map<String, Value> {
+    let r = b.request;
+    let token_id = token_id(b.vocab);
+    let max_tokens = json!({ "type": "integer", "minimum": 1, "maximum": b.max_tokens,
+        "description": "Output tokens; default: what the context leaves, up to the maximum." });
+    let stop_string = json!({ "type": "string", "minLength": 1, "maxLength": r.max_stop_string_bytes,
+        "description": format!("At most {} bytes of UTF-8.", r.max_stop_string_bytes) });
+    let penalty = json!({ "type": "number", "minimum": -2, "maximum": 2 });
+    let one = json!({ "type": "integer", "minimum": 1, "maximum": 1, "description": "Only 1 is supported." });
+    let fields = json!({
+        "model": { "type": "string", "enum": b.models,
+            "description": "The served id or an engine model (see /v1/models); others get 404." },
+        "stream": { "type": "boolean" },
+        "stream_options": { "type": "object", "properties": { "include_usage": { "type": "boolean" } } },
+        "temperature": { "type": "number", "minimum": 0 },
+        "top_p": { "type": "number", "exclusiveMinimum": true, "minimum": 0, "maximum": 1 },
+        "top_k": { "type": "integer", "description": "-1 or 0: off (vLLM's convention)." },
+        "min_p": { "type": "number", "minimum": 0, "maximum": 1 },
+        "seed": { "type": "integer", "format": "int64" },
+        "max_tokens": max_tokens,
+        "max_completion_tokens": max_tokens,
+        "stop": { "oneOf": [stop_string, { "type": "array", "items": stop_string, "maxItems": r.max_stop_strings }] },
+        "stop_token_ids": { "type": "array", "items": token_id, "maxItems": r.max_stop_token_ids },
+        "presence_penalty": penalty,
+        "frequency_penalty": penalty,
+        "repetition_penalty": { "type": "number", "exclusiveMinimum": true, "minimum": 0 },
+        "n": one,
+        "best_of": one,
+        "echo": { "type": "boolean", "enum": [false], "description": "Not supported: only false." },
+        "user": { "type": "string" },
+        "ignore_eos": { "type": "boolean" },
+        "skip_special_tokens": { "type": "boolean" },
+        "return_token_ids": { "type": "boolean" },
+        "session_id": { "type": "string", "maxLength": r.max_session_id_bytes,
+            "description": format!("The tokenization session this prompt continues; at most {} bytes.", r.max_session_id_bytes) },
+        "routing": schema("Routing"),
+    });
+    match fields {
+        Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+fn token_id(vocab: Option<usize>) -> Value {
+    match vocab {
+        Some(v) => json!({ "type": "integer", "minimum": 0, "maximum": v.saturating_sub(1) }),
+        None => json!({ "type": "integer", "minimum": 0, "maximum": u32::MAX }),
+    }
+}
+
+fn top_logprobs_bound(b: &Bounds) -> usize {
+    b.request.max_top_logprobs.min(MAX_LOGPROBS)
+}
+
+fn request_object(description: String, required: &str, mut properties: Map<String, Value>, b: &Bounds) -> Value {
+    if let (Some(max), Some(prompt)) = (b.request.max_prompt_tokens, properties.get_mut(required)) {
+        prompt["description"] = json!(format!("At most {max} tokens."));
+    }
+    json!({
+        "type": "object",
+        "description": format!("{description} Bodies are at most {} bytes.", b.max_body_bytes),
+        "required": [required],
+        "properties": properties,
+    })
+}
+
+fn chat_request(b: &Bounds) -> Value {
+    let mut properties = common_request_fields(b);
+    properties.insert("messages".into(), json!({ "type": "array", "minItems": 1, "items": schema("ChatMessage") }));
+    properties.insert("logprobs".into(), json!({ "type": "boolean" }));
+    properties.insert(
+        "top_logprobs".into(),
+        json!({ "type": "integer", "minimum": 0, "maximum": top_logprobs_bound(b),
+                "description": "Alternatives per token; needs logprobs: true." }),
+    );
+    properties.insert("add_generation_prompt".into(), json!({ "type": "boolean" }));
+    properties.insert("chat_template_kwargs".into(), json!({ "type": "object" }));
+    request_object("A chat completion.".into(), "messages", properties, b)
+}
+
+fn completion_request(b: &Bounds) -> Value {
+    let mut properties = common_request_fields(b);
+    let ids = json!({ "type": "array", "minItems": 1, "items": token_id(b.vocab) });
+    properties.insert(
+        "prompt".into(),
+        json!({ "oneOf": [
+            { "type": "string", "minLength": 1 },
+            ids,
+            { "type": "array", "items": { "type": "string", "minLength": 1 }, "minItems": 1, "maxItems": 1 },
+            { "type": "array", "items": ids, "minItems": 1, "maxItems": 1 },
+        ], "description": "Text or token ids; one prompt per request." }),
+    );
+    properties.insert(
+        "logprobs".into(),
+        json!({ "type": "integer", "minimum": 0, "maximum": top_logprobs_bound(b),
+                "description": "Alternatives per token." }),
+    );
+    request_object("A text completion.".into(), "prompt", properties, b)
+}
+
+fn chat_message() -> Value {
+    let part = json!({ "type": "object", "required": ["type", "text"],
+        "properties": { "type": { "type": "string", "enum": ["text"] }, "text": { "type": "string" } } });
+    json!({
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": { "type": "string", "enum": ["system", "user", "assistant", "tool"] },
+            "content": { "nullable": true, "oneOf": [{ "type": "string" }, { "type": "array", "items": part }] },
+            "reasoning_content": { "type": "string" },
+        },
+    })
+}
+
+fn routing(b: &Bounds) -> Value {
+    let mut policy = json!({ "type": "string", "description": "A policy the server allows; absent: the default." });
+    if !b.policies.is_empty() {
+        policy["enum"] = json!(b.policies);
+    }
+    json!({
+        "type": "object",
+        "properties": {
+            "policy": policy,
+            "params": { "type": "object", "nullable": true,
+                "description": format!("The policy's parameters; at most {} bytes as JSON.", b.request.max_routing_params_bytes) },
+            "trace": { "type": "boolean", "description": "Report which model produced each token." },
+        },
+    })
+}
+
+fn completion_response(object: &str, choice: Value) -> Value {
+    json!({
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": { "type": "string" },
+            "object": { "type": "string", "enum": [object] },
+            "created": { "type": "integer" },
+            "model": { "type": "string" },
+            "system_fingerprint": { "type": "string", "nullable": true },
+            "choices": { "type": "array", "minItems": 1, "items": choice },
+            "usage": schema("Usage"),
+        },
+    })
+}
+
+/// What both kinds of choice carry besides their text.
+fn choice_with(key: &str, text: Value) -> Value {
+    json!({
+        "type": "object",
+        "required": ["index", key, "finish_reason"],
+        "properties": {
+            "index": { "type": "integer" },
+            key: text,
+            "logprobs": { "type": "object", "nullable": true },
+            "finish_reason": { "type": "string", "enum": ["stop", "length"] },
+            "token_ids": { "type": "array", "items": { "type": "integer" } },
+            "routing_trace": { "type": "array", "items": { "type": "string" } },
+        },
+    })
+}
+
+fn chat_choice() -> Value {
+    let message = json!({
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": { "role": { "type": "string", "enum": ["assistant"] }, "content": { "type": "string" } },
+    });
+    choice_with("message", message)
+}
+
+fn text_choice() -> Value {
+    choice_with("text", json!({ "type": "string" }))
+}
+
+fn usage() -> Value {
+    let count = json!({ "type": "integer", "minimum": 0 });
+    json!({
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            "prompt_tokens": count,
+            "completion_tokens": count,
+            "total_tokens": count,
+            "tokens_per_model": { "type": "object", "additionalProperties": count },
+            "switches": count,
+        },
+    })
+}
+
+fn model_list() -> Value {
+    json!({
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": { "type": "string", "enum": ["list"] },
+            "data": { "type": "array", "items": {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by"],
+                "properties": {
+                    "id": { "type": "string" },
+                    "object": { "type": "string", "enum": ["model"] },
+                    "created": { "type": "integer" },
+                    "owned_by": { "type": "string" },
+                    "max_model_len": { "type": "integer" },
+                },
+            }},
+        },
+    })
+}
+
+fn stats() -> Value {
+    json!({
+        "type": "object",
+        "required": ["model_names", "served_model", "http_in_flight", "max_queued_requests", "shutting_down"],
+        "properties": {
+            "model_names": { "type": "array", "items": { "type": "string" } },
+            "served_model": { "type": "string" },
+            "models": { "type": "array" },
+            "kv": { "type": "object", "nullable": true },
+            "active_requests": { "type": "integer" },
+            "nodes": { "type": "array" },
+            "http_in_flight": { "type": "integer" },
+            "max_queued_requests": { "type": "integer" },
+            "shutting_down": { "type": "boolean" },
+        },
+    })
+}
+
+#[cfg(test)]
+#[path = "openapi_tests.rs"]
+mod tests;
