@@ -8,7 +8,6 @@
 //! runtime nor the requests behind it, and prompts tokenize in parallel.
 
 mod pool;
-mod sessions;
 #[cfg(test)]
 mod tests;
 
@@ -24,7 +23,7 @@ use tokenrouter_core::tokenize::{ChatMessage, ChatTemplate, RenderOptions, TextT
 use crate::shadow_verifier::ShadowVerifier;
 use pool::TokenizerPool;
 pub use pool::{default_workers, THREADS_VAR};
-use sessions::SharedSessions;
+use tokenrouter_core::tokenize::incremental::SessionTokenizer;
 
 pub enum TokenizerMsg {
     Encode {
@@ -102,7 +101,7 @@ impl TokenizerState {
 struct Tokenization {
     tokenizer: TextTokenizer,
     template: Option<Arc<ChatTemplate>>,
-    sessions: SharedSessions,
+    sessions: SessionTokenizer,
     sampler: Mutex<VerifySampler>,
     verifier: ShadowVerifier,
 }
@@ -113,7 +112,7 @@ impl Tokenization {
         template: Option<Arc<ChatTemplate>>,
         config: SessionConfig,
     ) -> std::io::Result<Self> {
-        let sessions = SharedSessions::new(tokenizer.clone(), config);
+        let sessions = SessionTokenizer::new(tokenizer.clone(), config);
         if let Err(why) = sessions.splicer().eligibility() {
             tracing::info!(tokenizer = tokenizer.name(), %why, "sessions tokenize in full");
         }
@@ -133,7 +132,7 @@ impl Tokenization {
 
     fn encode(&self, session: Option<&str>, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizeError> {
         let encoded = self.sessions.encode(session, text, add_special)?;
-        record(&encoded.path, self.sessions.stored_bytes());
+        record(&encoded.path, self.sessions.store().bytes());
         if let Some(cut) = encoded.path.splice_cut() {
             if self.sampler.lock().sample() {
                 let job =

@@ -345,7 +345,7 @@ async fn cancelling_at_the_moment_of_a_move_leaves_nothing_behind() {
 async fn churn_with_hang_ups_and_faults_loses_and_leaks_nothing() {
     let m = models(&[48, 64]);
     let engine = Engine::start(engine_config(&m, random(0.5), &[1, 1])).await.unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(40);
+    let until = std::time::Instant::now() + Duration::from_secs(60);
     let clients: Vec<_> = (0..12u64)
         .map(|client| {
             let engine = engine.clone();
@@ -380,8 +380,8 @@ async fn churn_with_hang_ups_and_faults_loses_and_leaks_nothing() {
         .collect();
     let faults = [Fault::Step, Fault::MidApply, Fault::Message];
     let mut injected = 0;
-    while std::time::Instant::now() + Duration::from_secs(6) < until {
-        tokio::time::sleep(Duration::from_secs(6)).await;
+    while std::time::Instant::now() + Duration::from_secs(8) < until {
+        tokio::time::sleep(Duration::from_secs(8)).await;
         engine.inject_fault(injected % 2, faults[injected % 3]).unwrap();
         injected += 1;
     }

@@ -35,7 +35,7 @@ fn main() {
 
 fn bench_size(tokenizer: &TextTokenizer, corpus: &str, size: usize, continuations: usize) {
     let config = SessionConfig { verify_fraction: 0.0, max_bytes: 1 << 30, ..SessionConfig::default() };
-    let mut sessions = SessionTokenizer::new(tokenizer.clone(), config);
+    let sessions = SessionTokenizer::new(tokenizer.clone(), config);
     let mut end = size;
     let mut text = corpus[..end].to_string();
     sessions.encode(Some("bench"), &text, false).expect("first encode");

@@ -62,6 +62,15 @@ fn load(dir: &TempDir, blocks: usize) -> CandleBackend {
     CandleBackend::load(dir.path(), &options).unwrap()
 }
 
+/// Subservers for the small and the large model, with `blocks` KV blocks each.
+fn pair(small: &TempDir, large: &TempDir, blocks: usize, rule: BatchingRule) -> Vec<Subserver> {
+    [small, large]
+        .iter()
+        .enumerate()
+        .map(|(m, dir)| Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, blocks)), rule.clone()))
+        .collect()
+}
+
 fn specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
     (0..n)
         .map(|id| {
@@ -208,13 +217,7 @@ fn a_tight_kv_pool_evicts_pending_requests_and_still_matches() {
     let mut reference = Reference { models: vec![&mut rs, &mut rl], shared_vocab: 400, max_context: 4096 };
     let want: Vec<Vec<u32>> = specs.iter().map(|s| reference.run(s).unwrap().ids()).collect();
     // 12 blocks of 4 tokens: too few to keep every request's KV on both models.
-    let mut subs: Vec<Subserver> = [&small, &large]
-        .iter()
-        .enumerate()
-        .map(|(m, dir)| {
-            Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, 12)), BatchingRule::eager(2))
-        })
-        .collect();
+    let mut subs = pair(&small, &large, 12, BatchingRule::eager(2));
     let got = serve(&mut subs, &specs, &[0, 1, 2, 3, 4, 5]);
     for s in &specs {
         let ids: Vec<u32> = got[&s.id].iter().map(|(t, _)| *t).collect();
@@ -235,13 +238,7 @@ fn panicking_steps_resume_their_requests_and_still_match() {
     let (mut rs, mut rl) = (load(&small, 512), load(&large, 512));
     let mut reference = Reference { models: vec![&mut rs, &mut rl], shared_vocab: 400, max_context: 4096 };
     let want: Vec<Vec<u32>> = specs.iter().map(|s| reference.run(s).unwrap().ids()).collect();
-    let mut subs: Vec<Subserver> = [&small, &large]
-        .iter()
-        .enumerate()
-        .map(|(m, dir)| {
-            Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, 512)), BatchingRule::eager(2))
-        })
-        .collect();
+    let mut subs = pair(&small, &large, 512, BatchingRule::eager(2));
     let faults: Vec<(usize, usize, FaultPoint)> = (0..12)
         .map(|k| {
             let point = if k % 2 == 0 { FaultPoint::MidApply } else { FaultPoint::BeforeForward };

@@ -10,7 +10,7 @@ use tokenrouter_core::rng::SplitMix64;
 use tokenrouter_core::tokenize::incremental::SessionConfig;
 
 use super::pool::TokenizerPool;
-use super::sessions::SharedSessions;
+use tokenrouter_core::tokenize::incremental::SessionTokenizer;
 use super::*;
 
 type Reply<T> = OneshotReceiver<Result<T, TokenizeError>>;
@@ -192,7 +192,7 @@ fn conversation(seed: u64, turns: usize) -> Vec<String> {
 #[test]
 fn threads_sharing_the_session_store_splice_exactly() {
     for tokenizer in tokenizers() {
-        let sessions = SharedSessions::new(tokenizer.clone(), SessionConfig::default());
+        let sessions = SessionTokenizer::new(tokenizer.clone(), SessionConfig::default());
         let spliced = AtomicUsize::new(0);
         std::thread::scope(|scope| {
             for t in 0..6u64 {

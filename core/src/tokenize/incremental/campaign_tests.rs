@@ -168,7 +168,7 @@ fn a_switched_off_splicer_tokenizes_in_full() {
 fn session_tokenizer_matches_full_tokenization_across_interleaved_conversations() {
     for tok in [Some(gpt2_style()), llama3()].into_iter().flatten() {
         let config = SessionConfig { min_prefix_bytes: 300, verify_fraction: 0.0, ..SessionConfig::default() };
-        let mut sessions = SessionTokenizer::new(tok.clone(), config);
+        let sessions = SessionTokenizer::new(tok.clone(), config);
         let mut rng = SplitMix64(11);
         let system = format!("<|im_start|>system\n{}<|im_end|>\n", random_text(&mut rng, 150));
         let mut texts: Vec<String> = (0..6).map(|_| format!("{system}{}", PROMPTS[0])).collect();
@@ -193,10 +193,10 @@ fn session_tokenizer_matches_full_tokenization_across_interleaved_conversations(
 fn session_tokenizer_off_or_short_texts_go_direct() {
     let tok = gpt2_style();
     let off = SessionConfig { enabled: false, ..SessionConfig::default() };
-    let mut sessions = SessionTokenizer::new(tok.clone(), off);
+    let sessions = SessionTokenizer::new(tok.clone(), off);
     let text = "x ".repeat(2000);
     assert_eq!(sessions.encode(Some("a"), &text, false).unwrap().path, EncodePath::Direct);
-    let mut sessions = SessionTokenizer::new(tok, SessionConfig::default());
+    let sessions = SessionTokenizer::new(tok, SessionConfig::default());
     assert_eq!(sessions.encode(None, "short", false).unwrap().path, EncodePath::Direct);
     assert_eq!(sessions.encode(None, &text, false).unwrap().path, EncodePath::NewSession);
     let again = sessions.encode(None, &text, false).unwrap().path;

@@ -1,6 +1,14 @@
-//! `SessionTokenizer`: what the tokenizer actor calls. A text with a session id continues that
+//! `SessionTokenizer`: what the tokenizer threads call. A text with a session id continues that
 //! session; a text without one continues the stored session it shares the longest prefix with
 //! (if long enough); otherwise it is tokenized in full and stored as a new session.
+//!
+//! Several threads share one: the store sits behind a lock held only to take a session out and
+//! to put it back, and the tokenizing happens outside it. A session taken out is invisible to
+//! other requests until put back, so two requests never work on the same cached state; when two
+//! requests of one session overlap, the second tokenizes in full and the one finishing last stays
+//! stored. The ids are those of full tokenization either way.
+
+use std::sync::{Mutex, MutexGuard};
 
 use super::session::Session;
 use super::splice::{Continuation, CutWindow, Splicer};
@@ -66,14 +74,14 @@ impl EncodePath {
 pub struct SessionTokenizer {
     tokenizer: TextTokenizer,
     splicer: Splicer,
-    store: SessionStore,
+    store: Mutex<SessionStore>,
     config: SessionConfig,
 }
 
 impl SessionTokenizer {
     pub fn new(tokenizer: TextTokenizer, config: SessionConfig) -> Self {
         let splicer = Splicer::new(&tokenizer, config.window);
-        let store = SessionStore::new(config.max_bytes);
+        let store = Mutex::new(SessionStore::new(config.max_bytes));
         SessionTokenizer { tokenizer, splicer, store, config }
     }
 
@@ -81,8 +89,9 @@ impl SessionTokenizer {
         &self.splicer
     }
 
-    pub fn store(&self) -> &SessionStore {
-        &self.store
+    /// The stored sessions (locked: hold it briefly).
+    pub fn store(&self) -> MutexGuard<'_, SessionStore> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn config(&self) -> &SessionConfig {
@@ -91,7 +100,7 @@ impl SessionTokenizer {
 
     /// Token ids of `text`, exactly as `TextTokenizer::encode` gives them.
     pub fn encode(
-        &mut self,
+        &self,
         session: Option<&str>,
         text: &str,
         add_special_tokens: bool,
@@ -110,8 +119,9 @@ impl SessionTokenizer {
         Ok(Encoded { ids: self.tokenizer.encode(text, add_special_tokens)?, path: EncodePath::Direct })
     }
 
-    fn encode_named(&mut self, name: &str, text: &str, add_special_tokens: bool) -> Result<Encoded, TokenizeError> {
-        let (session, path) = match self.store.take_named(name) {
+    fn encode_named(&self, name: &str, text: &str, add_special_tokens: bool) -> Result<Encoded, TokenizeError> {
+        let taken = self.store().take_named(name);
+        let (session, path) = match taken {
             Some(mut session) => {
                 let continuation = self.splicer.continue_session(&mut session, text)?;
                 (session, EncodePath::Continued { continuation, forked: false })
@@ -121,8 +131,9 @@ impl SessionTokenizer {
         Ok(self.finish(session, Some(name.to_owned()), path, add_special_tokens))
     }
 
-    fn encode_anonymous(&mut self, text: &str, add_special_tokens: bool) -> Result<Encoded, TokenizeError> {
-        let (session, path) = match self.store.take_longest_prefix(text, self.config.min_prefix_bytes) {
+    fn encode_anonymous(&self, text: &str, add_special_tokens: bool) -> Result<Encoded, TokenizeError> {
+        let found = self.store().take_longest_prefix(text, self.config.min_prefix_bytes);
+        let (session, path) = match found {
             Some(mut found) => {
                 let continuation = self.splicer.continue_session(&mut found.session, text)?;
                 (found.session, EncodePath::Continued { continuation, forked: found.forked })
@@ -138,9 +149,9 @@ impl SessionTokenizer {
         Ok(session)
     }
 
-    fn finish(&mut self, session: Session, name: Option<String>, path: EncodePath, add_special: bool) -> Encoded {
+    fn finish(&self, session: Session, name: Option<String>, path: EncodePath, add_special: bool) -> Encoded {
         let ids = self.splicer.with_specials(session.ids(), add_special).expect("checked before tokenizing");
-        self.store.put(session, name);
+        self.store().put(session, name);
         Encoded { ids, path }
     }
 }
