@@ -21,6 +21,9 @@ pub enum EngineError {
     /// The request ran out of time (504).
     #[error("deadline exceeded: the request's time limit of {:.1}s ran out", limit.as_secs_f64())]
     DeadlineExceeded { limit: Duration },
+    /// An upstream server (a pool member) did not answer in time (504).
+    #[error("{0}")]
+    UpstreamTimeout(String),
     /// A model the request needs is out of service (503).
     #[error("{0}")]
     ModelUnavailable(String),

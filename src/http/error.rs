@@ -143,6 +143,7 @@ impl From<EngineError> for ApiError {
                 ApiError::Overloaded { message: e.to_string(), retry_after_s: retry_after.as_secs_f64().ceil() as u64 }
             }
             e @ EngineError::DeadlineExceeded { .. } => ApiError::Timeout(e.to_string()),
+            EngineError::UpstreamTimeout(m) => ApiError::Timeout(m),
             EngineError::ModelUnavailable(m) => ApiError::Unavailable(m),
             e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => {
                 ApiError::Internal(e.to_string())
@@ -210,5 +211,7 @@ mod tests {
         assert_eq!(ApiError::from(EngineError::QueueFull { limit: 2 }).status(), StatusCode::TOO_MANY_REQUESTS);
         let late = EngineError::DeadlineExceeded { limit: waited };
         assert_eq!(ApiError::from(late).status(), StatusCode::GATEWAY_TIMEOUT);
+        let stalled = EngineError::UpstreamTimeout("upstream timed out".into());
+        assert_eq!(ApiError::from(stalled).status(), StatusCode::GATEWAY_TIMEOUT);
     }
 }

@@ -105,7 +105,7 @@ impl Upstream {
     }
 
     fn stalled(&self, what: String) -> EngineError {
-        EngineError::Internal(format!("upstream {} timed out: {what}", self.base))
+        EngineError::UpstreamTimeout(format!("upstream {} timed out: {what}", self.base))
     }
 }
 
@@ -193,7 +193,7 @@ impl StreamReader {
                     Ok(None) => s.end(),
                     Err(_) => {
                         let message = format!("upstream {} timed out: nothing for {} s (idle_s)", s.base, s.idle_s);
-                        s.fail(message)
+                        s.fail_with(EngineError::UpstreamTimeout(message))
                     }
                 }
             }
@@ -231,7 +231,11 @@ impl StreamReader {
     }
 
     fn fail(&mut self, message: String) {
-        self.ready.push_back(GenerationEvent::error(EngineError::Internal(message), Usage::default()));
+        self.fail_with(EngineError::Internal(message));
+    }
+
+    fn fail_with(&mut self, error: EngineError) {
+        self.ready.push_back(GenerationEvent::error(error, Usage::default()));
         self.done = true;
     }
 

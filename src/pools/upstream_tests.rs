@@ -7,7 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use tokenrouter_actors::{GenerateRequest, GenerationEvent};
+use tokenrouter_actors::{EngineError, GenerateRequest, GenerationEvent};
 
 use super::{Upstream, UpstreamTimeouts};
 use crate::http::Generator;
@@ -103,6 +103,7 @@ async fn an_upstream_that_accepts_and_never_answers_fails_at_the_head_limit() {
     let waited = started.elapsed();
     let message = error.to_string();
     assert!(message.contains("timed out") && message.contains("no response head within 0.3 s"), "{message}");
+    assert!(matches!(error, EngineError::UpstreamTimeout(_)), "a 504, not a 500: {error:?}");
     assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(3), "{waited:?}");
     assert!(!upstream.ready().await, "a silent upstream is not ready");
     drop(listener);
@@ -118,8 +119,9 @@ async fn an_upstream_that_stalls_mid_stream_ends_the_stream_with_an_error() {
     assert!(started.elapsed() < Duration::from_secs(3), "ended at the idle limit, not the server's close");
     assert_eq!(texts(&events), "a");
     match events.last() {
-        Some(GenerationEvent::Error { message, .. }) => {
-            assert!(message.contains("timed out: nothing for 0.3 s"), "{message}")
+        Some(GenerationEvent::Error { message, error, .. }) => {
+            assert!(message.contains("timed out: nothing for 0.3 s"), "{message}");
+            assert!(matches!(error, EngineError::UpstreamTimeout(_)), "{error:?}");
         }
         other => panic!("the stream must end with an error: {other:?}"),
     }
