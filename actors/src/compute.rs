@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use tokenrouter_core::model::{load_backend, KvCapacity, ModelConfig};
 use tokenrouter_core::sched::{
-    Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver,
-    SubserverConfig, SubserverStats,
+    Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig,
+    SubserverStats,
 };
 
 use crate::config::ModelSpec;

@@ -242,11 +242,8 @@ impl Engine {
         for name in &names {
             tracing::info!(model = %name, "subserver up");
         }
-        let ledger = KvLedger::new(
-            names.clone(),
-            capacities.iter().map(|c| c.total_tokens()).collect(),
-            &config.admission,
-        );
+        let ledger =
+            KvLedger::new(names.clone(), capacities.iter().map(|c| c.total_tokens()).collect(), &config.admission);
         let kv = KvAdmission::new(ledger, config.admission.kv_wait_timeout);
         let tokenizer = shared_tokenizer(&config)?;
         let tokenizer_actor = match &tokenizer {
@@ -504,8 +501,11 @@ impl Engine {
     /// chosen point, as a bug would.
     #[doc(hidden)]
     pub fn inject_fault(&self, model: usize, fault: Fault) -> Result<(), EngineError> {
-        let compute = self.shared.computes.get(model).ok_or_else(|| EngineError::InvalidRequest(format!("no model {model}")))?;
-        compute.send(ComputeMsg::InjectFault(fault)).map_err(|_| EngineError::ModelUnavailable(format!("model {model} is gone")))
+        let compute =
+            self.shared.computes.get(model).ok_or_else(|| EngineError::InvalidRequest(format!("no model {model}")))?;
+        compute
+            .send(ComputeMsg::InjectFault(fault))
+            .map_err(|_| EngineError::ModelUnavailable(format!("model {model} is gone")))
     }
 
     /// Test hook: the actor of request `id` panics on its next message.
@@ -558,4 +558,3 @@ fn shared_tokenizer(config: &EngineConfig) -> Result<Option<TextTokenizer>, Engi
     }
     Ok(found.into_iter().next())
 }
-

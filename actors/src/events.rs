@@ -75,16 +75,7 @@ pub enum GenerationEvent {
         text: String,
     },
     /// The end; `text` is whatever was held back until now.
-    Finished {
-        reason: FinishReason,
-        usage: Usage,
-        text: String,
-        stop: Option<String>,
-    },
+    Finished { reason: FinishReason, usage: Usage, text: String, stop: Option<String> },
     /// The request failed; `message` is `error`'s text.
-    Error {
-        message: String,
-        usage: Usage,
-        error: EngineError,
-    },
+    Error { message: String, usage: Usage, error: EngineError },
 }

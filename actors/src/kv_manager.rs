@@ -269,9 +269,8 @@ mod tests {
     fn admission_reserves_headroom_not_max_tokens() {
         let mut worst_case = ledger(&[16_384], usize::MAX, 1000);
         let mut by_use = ledger(&[16_384], 256, 1000);
-        let admitted = |l: &mut KvLedger| {
-            (0..100).filter(|&i| l.request(i, 20, 4000).unwrap() == Admission::Admitted).count()
-        };
+        let admitted =
+            |l: &mut KvLedger| (0..100).filter(|&i| l.request(i, 20, 4000).unwrap() == Admission::Admitted).count();
         assert_eq!(admitted(&mut worst_case), 4);
         assert_eq!(admitted(&mut by_use), 59);
     }

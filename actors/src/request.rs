@@ -57,7 +57,10 @@ impl TextStream {
 pub enum Next {
     Continue,
     /// `model` lost the request: deliver this rebuilt arrival to it.
-    Resume { model: ModelIndex, arrival: Arrival },
+    Resume {
+        model: ModelIndex,
+        arrival: Arrival,
+    },
     /// The request ended (the client has its last event, if it is still there).
     End,
 }
@@ -115,7 +118,10 @@ impl RequestCore {
             RequestEvent::Failed { message, .. } => self.fail(EngineError::Internal(message)),
             RequestEvent::Resume { model, output_len, travel, .. } => {
                 if output_len != self.committed.len() {
-                    let m = format!("model {model} restarted at token {output_len}, but {} are committed", self.committed.len());
+                    let m = format!(
+                        "model {model} restarted at token {output_len}, but {} are committed",
+                        self.committed.len()
+                    );
                     return self.fail(EngineError::Internal(m));
                 }
                 Next::Resume { model, arrival: rebuild(self.spec.clone(), &self.committed, travel, model) }

@@ -14,7 +14,9 @@ use tokenrouter_core::model::{CandleBackend, LoadOptions};
 use tokenrouter_core::policy::{policy_uniform, Decision, EntryRequest, ModelIndex, Policy, RouteRow};
 use tokenrouter_core::sched::reference::Reference;
 use tokenrouter_core::sched::request::admit;
-use tokenrouter_core::sched::{rebuild, BatchingRule, FaultPoint, RequestEvent, RequestSpec, Subserver, SubserverConfig};
+use tokenrouter_core::sched::{
+    rebuild, BatchingRule, FaultPoint, RequestEvent, RequestSpec, Subserver, SubserverConfig,
+};
 
 /// Moves to the other model with probability 0.3, discarding the token; comes back
 /// after one token, committing it. Draws depend on (seed, position) only.
@@ -67,7 +69,9 @@ fn pair(small: &TempDir, large: &TempDir, blocks: usize, rule: BatchingRule) -> 
     [small, large]
         .iter()
         .enumerate()
-        .map(|(m, dir)| Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, blocks)), rule.clone()))
+        .map(|(m, dir)| {
+            Subserver::new(SubserverConfig::new(m, 2, 400, 4096), Box::new(load(dir, blocks)), rule.clone())
+        })
         .collect()
 }
 
@@ -137,7 +141,8 @@ fn serve_with_faults(
             Ok(outcome) => outcome,
             Err(_) => {
                 for lost in subs[i].recover() {
-                    let output: Vec<u32> = outputs.get(&lost.spec.id).map(|o| o.iter().map(|t| t.0).collect()).unwrap_or_default();
+                    let output: Vec<u32> =
+                        outputs.get(&lost.spec.id).map(|o| o.iter().map(|t| t.0).collect()).unwrap_or_default();
                     assert_eq!(output.len(), lost.output_len, "request {}", lost.spec.id);
                     subs[i].arrive(rebuild(lost.spec.clone(), &output, lost.travel, i)).unwrap();
                     resumed += 1;

@@ -10,8 +10,8 @@ use tokenrouter_core::rng::SplitMix64;
 use tokenrouter_core::tokenize::incremental::SessionConfig;
 
 use super::pool::TokenizerPool;
-use tokenrouter_core::tokenize::incremental::SessionTokenizer;
 use super::*;
+use tokenrouter_core::tokenize::incremental::SessionTokenizer;
 
 type Reply<T> = OneshotReceiver<Result<T, TokenizeError>>;
 

@@ -16,7 +16,9 @@ use crate::model::{Backend, ModelError, RowInput};
 use crate::policy::{Decision, ModelIndex, RouteRow};
 
 use super::batching::BatchingRule;
-use super::request::{sampling_logits, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
+use super::request::{
+    sampling_logits, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel,
+};
 use super::resident::{Resident, Status};
 
 /// Serializable: a front sends it to subservers on other hosts.
