@@ -59,6 +59,9 @@ pub struct Usage {
     pub tokens_per_model: Vec<usize>,
     /// How many times the request moved between models.
     pub switches: usize,
+    /// Prompt tokens whose K/V the first model reused from its prefix cache (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -110,6 +110,13 @@ impl RequestCore {
                 self.usage.switches += 1;
                 Next::Continue
             }
+            RequestEvent::CachedPrefix { tokens, .. } => {
+                // The prompt's own prefill is the one before the first token.
+                if self.committed.is_empty() && self.usage.switches == 0 {
+                    self.usage.cached_tokens = self.usage.cached_tokens.max(tokens.min(self.spec.prompt.len()));
+                }
+                Next::Continue
+            }
             RequestEvent::Finished { reason, .. } => {
                 let text = self.text.as_mut().map(TextStream::flush).unwrap_or_default();
                 let usage = self.usage.clone();

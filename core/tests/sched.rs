@@ -164,7 +164,7 @@ fn serve_with_faults(
                     });
                 }
                 RequestEvent::Failed { id, message } => panic!("request {id} failed: {message}"),
-                RequestEvent::Moved { .. } => {}
+                RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } => {}
                 RequestEvent::Resume { .. } => unreachable!("a subserver never asks to resume by itself"),
             }
         }
@@ -259,5 +259,56 @@ fn panicking_steps_resume_their_requests_and_still_match() {
     for sub in &subs {
         let cap = sub.backend().kv_capacity();
         assert_eq!(cap.free_blocks, cap.total_blocks, "every KV block comes back");
+    }
+}
+
+/// Requests that share prefixes: a common system prompt, and "turns" that resend the
+/// previous turn's prompt with more appended.
+fn sharing_specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
+    let system: Vec<u32> = (0..21).map(|i| (i * 13 + 5) % 400).collect();
+    (0..n)
+        .map(|id| {
+            let mut prompt = system.clone();
+            let turns = 1 + id % 3;
+            for turn in 0..turns {
+                prompt.extend((0..7).map(|i| (i * 31 + turn as u32 * 57 + (id / 3) as u32 * 101) % 400));
+            }
+            let sampling = SamplingParams { temperature: 0.8, seed: 7 + id, ..SamplingParams::default() };
+            Arc::new(RequestSpec { id, prompt, max_tokens: 10, sampling, stop_ids: vec![], policy: policy.clone() })
+        })
+        .collect()
+}
+
+/// With the prefix cache on, concurrent requests that share prefixes reuse blocks on
+/// both models of the routed pair, a tight pool evicts cached blocks to make room, and
+/// every output still equals the uncached sequential reference token for token.
+#[test]
+fn shared_prefixes_hit_the_cache_and_still_match_the_uncached_reference() {
+    let (small, large) = models();
+    let policy: Arc<dyn Policy> = Arc::new(TestPolicy);
+    let specs = sharing_specs(policy, 12);
+    let (mut rs, mut rl) = (load(&small, 512), load(&large, 512));
+    let mut reference = Reference { models: vec![&mut rs, &mut rl], shared_vocab: 400, max_context: 4096 };
+    let want: Vec<Vec<u32>> = specs.iter().map(|s| reference.run(s).unwrap().ids()).collect();
+    for blocks in [512, 40] {
+        let mut subs = pair(&small, &large, blocks, BatchingRule::fixed(&[2, 1]));
+        let got = serve(&mut subs, &specs, &(0..specs.len()).collect::<Vec<_>>());
+        for s in &specs {
+            let ids: Vec<u32> = got[&s.id].iter().map(|(t, _)| *t).collect();
+            assert_eq!(ids, want[s.id as usize], "request {} with {blocks} blocks", s.id);
+        }
+        for (m, sub) in subs.iter().enumerate() {
+            let stats = sub.stats();
+            assert!(stats.prefix_hit_tokens >= 20, "model {m} reused {} tokens", stats.prefix_hit_tokens);
+            let pool = sub.backend().kv_pool();
+            let cap = pool.capacity();
+            assert_eq!(cap.free_blocks, cap.total_blocks, "every block is free or cached");
+            pool.flush_prefix_cache();
+            assert_eq!(pool.capacity().cached_blocks, 0);
+        }
+        if blocks == 40 {
+            let evicted: u64 = subs.iter().map(|s| s.backend().kv_pool().prefix_cache_stats().evicted_blocks).sum();
+            assert!(evicted > 0, "the tight pool had to evict cached blocks");
+        }
     }
 }

@@ -88,6 +88,7 @@ impl ServerConfig {
                     block_size: m.block_size,
                     backend: m.backend,
                     threads: m.threads,
+                    prefix_cache: m.prefix_cache,
                 },
             })
             .collect();

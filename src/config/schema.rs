@@ -48,6 +48,10 @@ pub struct ModelEntry {
     /// Compute threads of a pool of this model's own; absent: the process pool.
     #[serde(default)]
     pub threads: Option<usize>,
+    /// Keep full KV blocks for reuse by requests that share a prefix (candle backend;
+    /// default on).
+    #[serde(default = "default_true")]
+    pub prefix_cache: bool,
 }
 
 impl ModelEntry {
@@ -64,6 +68,7 @@ impl ModelEntry {
             kv_budget_mib: default_kv_budget_mib(),
             block_size: default_block_size(),
             threads: None,
+            prefix_cache: true,
         }
     }
 }
@@ -97,6 +102,10 @@ fn default_kv_budget_mib() -> u64 {
 
 fn default_block_size() -> usize {
     16
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// The routing policy requests get, and the others they may ask for.

@@ -373,6 +373,10 @@ fn usage() -> Value {
             "prompt_tokens": count,
             "completion_tokens": count,
             "total_tokens": count,
+            "prompt_tokens_details": {
+                "type": "object",
+                "properties": { "cached_tokens": count },
+            },
             "tokens_per_model": { "type": "object", "additionalProperties": count },
             "switches": count,
         },

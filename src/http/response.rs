@@ -58,6 +58,7 @@ impl Shape {
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
             "tokens_per_model": per_model,
             "switches": u.switches,
         })

@@ -240,7 +240,8 @@ impl StreamReader {
     }
 
     fn finished(&mut self, prompt_tokens: usize, completion_tokens: usize) {
-        let usage = Usage { prompt_tokens, completion_tokens, tokens_per_model: vec![completion_tokens], switches: 0 };
+        let usage =
+            Usage { prompt_tokens, completion_tokens, tokens_per_model: vec![completion_tokens], ..Usage::default() };
         let reason = self.finish.unwrap_or(FinishReason::Length);
         self.ready.push_back(GenerationEvent::Finished { reason, usage, text: String::new(), stop: None });
         self.done = true;

@@ -319,8 +319,12 @@ impl Link {
         self.greeted = None;
         self.health.up(Instant::now());
         self.set_status(LinkState::Up);
-        let capacity =
-            KvCapacity { block_size: w.block_size, total_blocks: w.total_blocks, free_blocks: w.free_blocks };
+        let capacity = KvCapacity {
+            block_size: w.block_size,
+            total_blocks: w.total_blocks,
+            free_blocks: w.free_blocks,
+            cached_blocks: 0,
+        };
         self.snapshot.get_or_insert_with(|| SubserverSnapshot {
             model: self.start.remote.model.clone(),
             ready: 0,

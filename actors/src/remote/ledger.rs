@@ -88,7 +88,7 @@ impl FrontLedger {
                     h.on_node = false;
                 }
             }
-            RequestEvent::Moved { .. } => {}
+            RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } => {}
         }
     }
 

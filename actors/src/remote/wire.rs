@@ -186,6 +186,7 @@ mod event_kind {
     pub const FINISHED_LENGTH: u8 = 3;
     pub const FAILED: u8 = 4;
     pub const RESUME: u8 = 5;
+    pub const CACHED_PREFIX: u8 = 6;
 }
 
 impl Frame {
@@ -410,6 +411,12 @@ fn put_event(w: &mut Writer, e: &RequestEvent) {
             put_policy_state(w, &travel.policy_state);
             w.usizes(&travel.seen);
         }
+        RequestEvent::CachedPrefix { id, model, tokens } => {
+            w.u8(event_kind::CACHED_PREFIX);
+            w.varint(*id);
+            w.usize(*model);
+            w.usize(*tokens);
+        }
     }
 }
 
@@ -435,6 +442,7 @@ fn get_event(r: &mut Reader<'_>) -> Result<RequestEvent, WireError> {
             let travel = Travel { policy_state: get_policy_state(r)?, seen: r.usizes()? };
             RequestEvent::Resume { id, model, output_len, travel }
         }
+        event_kind::CACHED_PREFIX => RequestEvent::CachedPrefix { id, model: r.usize()?, tokens: r.usize()? },
         _ => return Err(WireError::Malformed("unknown event kind")),
     })
 }

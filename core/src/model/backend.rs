@@ -189,6 +189,9 @@ pub struct LoadOptions {
     /// [`threads`](super::threads)). On a small CPU, pinning models to disjoint thread
     /// sets stops their steps from time-slicing each other.
     pub threads: Option<usize>,
+    /// Keep full KV blocks for reuse by later requests with the same prefix (candle;
+    /// llama.cpp stores K/V by sequence and does not share them).
+    pub prefix_cache: bool,
 }
 
 impl Default for LoadOptions {
@@ -199,6 +202,7 @@ impl Default for LoadOptions {
             block_size: 16,
             backend: BackendKind::Candle,
             threads: None,
+            prefix_cache: true,
         }
     }
 }
@@ -229,7 +233,10 @@ impl CandleBackend {
         let block_bytes = options.block_size * model.config().kv_bytes_per_token(4);
         let blocks = options.kv_budget_bytes / block_bytes;
         let store = PagedKvStore::new(model.config(), blocks, options.block_size);
-        let pool = BlockPool::new(blocks, options.block_size);
+        let pool = match options.prefix_cache {
+            true => BlockPool::caching_prefixes(blocks, options.block_size),
+            false => BlockPool::new(blocks, options.block_size),
+        };
         Ok(CandleBackend { model, store, pool })
     }
 

@@ -8,15 +8,56 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::{ModelError, Result};
+use super::prefix_cache::{PrefixCacheStats, PrefixIndex, ROOT_KEY};
 
 #[derive(Debug)]
-struct FreeList {
+struct PoolState {
+    /// Blocks that hold nothing of value.
     free: Vec<u32>,
-    total: usize,
+    /// How many sequences hold each block.
+    holders: Vec<u32>,
     next_sequence: u64,
     /// Forgotten K/V, for backends whose storage is keyed by sequence rather than by
     /// block id (llama.cpp): they apply these before their next forward.
     trims: Option<Vec<Trim>>,
+    /// Full blocks kept for reuse by later sequences with the same prefix.
+    prefixes: Option<PrefixIndex>,
+}
+
+impl PoolState {
+    fn available(&self) -> usize {
+        self.free.len() + self.prefixes.as_ref().map_or(0, PrefixIndex::evictable)
+    }
+
+    /// One block for new K/V: a free one, else the least recently freed cached one.
+    fn take_one(&mut self) -> Option<u32> {
+        let block = self.free.pop().or_else(|| self.prefixes.as_mut()?.evict_one())?;
+        self.holders[block as usize] = 1;
+        Some(block)
+    }
+
+    fn hold(&mut self, block: u32) {
+        let holders = &mut self.holders[block as usize];
+        *holders += 1;
+        if *holders == 1 {
+            if let Some(index) = self.prefixes.as_mut() {
+                index.unpark(block);
+            }
+        }
+    }
+
+    fn let_go(&mut self, block: u32) {
+        let holders = &mut self.holders[block as usize];
+        debug_assert!(*holders > 0, "block {block} released more often than held");
+        *holders = holders.saturating_sub(1);
+        if *holders > 0 {
+            return;
+        }
+        match self.prefixes.as_mut() {
+            Some(index) if index.is_cached(block) => index.park(block),
+            _ => self.free.push(block),
+        }
+    }
 }
 
 /// K/V of `sequence` from position `from` on was forgotten; `from == 0` also means
@@ -31,7 +72,7 @@ pub struct Trim {
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     block_size: usize,
-    free: Arc<Mutex<FreeList>>,
+    state: Arc<Mutex<PoolState>>,
 }
 
 /// Capacity and use of a pool, in blocks and tokens.
@@ -39,7 +80,10 @@ pub struct BlockPool {
 pub struct KvCapacity {
     pub block_size: usize,
     pub total_blocks: usize,
+    /// Blocks new K/V can take: free ones and cached ones no request holds.
     pub free_blocks: usize,
+    /// Of the free blocks, those that still hold a cached prefix.
+    pub cached_blocks: usize,
 }
 
 impl KvCapacity {
@@ -53,20 +97,31 @@ impl KvCapacity {
 
 impl BlockPool {
     pub fn new(total_blocks: usize, block_size: usize) -> Self {
-        Self::with_trims(total_blocks, block_size, None)
+        Self::with_state(total_blocks, block_size, None, None)
     }
 
     /// A pool that also records every [`Trim`], for [`take_trims`](Self::take_trims).
     pub fn recording_trims(total_blocks: usize, block_size: usize) -> Self {
-        Self::with_trims(total_blocks, block_size, Some(Vec::new()))
+        Self::with_state(total_blocks, block_size, Some(Vec::new()), None)
     }
 
-    fn with_trims(total_blocks: usize, block_size: usize, trims: Option<Vec<Trim>>) -> Self {
+    /// A pool that keeps sealed full blocks for reuse (see [`KvSeq::attach_cached_prefix`]).
+    /// Only for backends that store K/V by block id, so that blocks can be shared.
+    pub fn caching_prefixes(total_blocks: usize, block_size: usize) -> Self {
+        Self::with_state(total_blocks, block_size, None, Some(PrefixIndex::new()))
+    }
+
+    fn with_state(
+        total_blocks: usize,
+        block_size: usize,
+        trims: Option<Vec<Trim>>,
+        prefixes: Option<PrefixIndex>,
+    ) -> Self {
         assert!(block_size > 0, "block size must be positive");
         // Pop from the end hands out low ids first, which keeps early storage hot.
         let free = (0..total_blocks as u32).rev().collect();
-        let list = FreeList { free, total: total_blocks, next_sequence: 0, trims };
-        BlockPool { block_size, free: Arc::new(Mutex::new(list)) }
+        let state = PoolState { free, holders: vec![0; total_blocks], next_sequence: 0, trims, prefixes };
+        BlockPool { block_size, state: Arc::new(Mutex::new(state)) }
     }
 
     /// Trims recorded since the last call, oldest first (empty unless recording).
@@ -85,18 +140,39 @@ impl BlockPool {
     }
 
     pub fn capacity(&self) -> KvCapacity {
-        let list = self.lock();
-        KvCapacity { block_size: self.block_size, total_blocks: list.total, free_blocks: list.free.len() }
+        let state = self.lock();
+        KvCapacity {
+            block_size: self.block_size,
+            total_blocks: state.holders.len(),
+            free_blocks: state.available(),
+            cached_blocks: state.prefixes.as_ref().map_or(0, PrefixIndex::evictable),
+        }
+    }
+
+    pub fn caches_prefixes(&self) -> bool {
+        self.lock().prefixes.is_some()
+    }
+
+    /// What the prefix cache did so far (zeros when it is off).
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.lock().prefixes.as_ref().map(|p| p.stats).unwrap_or_default()
+    }
+
+    /// Drops every cached block no sequence holds.
+    pub fn flush_prefix_cache(&self) {
+        let mut state = self.lock();
+        let freed = state.prefixes.as_mut().map(PrefixIndex::flush).unwrap_or_default();
+        state.free.extend(freed);
     }
 
     /// A new, empty sequence drawing from this pool.
     pub fn new_sequence(&self) -> KvSeq {
         let id = {
-            let mut list = self.lock();
-            list.next_sequence += 1;
-            list.next_sequence
+            let mut state = self.lock();
+            state.next_sequence += 1;
+            state.next_sequence
         };
-        KvSeq { id, blocks: Vec::new(), len: 0, pool: self.clone() }
+        KvSeq { id, blocks: Vec::new(), keys: Vec::new(), len: 0, pool: self.clone() }
     }
 
     pub fn blocks_for_tokens(&self, tokens: usize) -> usize {
@@ -105,26 +181,69 @@ impl BlockPool {
 
     /// Whether two handles draw from the same pool.
     pub fn same_pool(&self, other: &BlockPool) -> bool {
-        Arc::ptr_eq(&self.free, &other.free)
+        Arc::ptr_eq(&self.state, &other.state)
     }
 
-    fn lock(&self) -> MutexGuard<'_, FreeList> {
-        // A panic while holding this lock cannot leave the list inconsistent (every
-        // mutation is a single push/pop/truncate), so a poisoned lock is still usable.
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // Every mutation under this lock completes or leaves only counters behind that a
+        // panic cannot half-update, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn take(&self, count: usize) -> Result<Vec<u32>> {
-        let mut list = self.lock();
-        if list.free.len() < count {
-            return Err(ModelError::OutOfBlocks { needed: count, free: list.free.len(), block_size: self.block_size });
+        let mut state = self.lock();
+        let available = state.available();
+        if available < count {
+            return Err(ModelError::OutOfBlocks { needed: count, free: available, block_size: self.block_size });
         }
-        let at = list.free.len() - count;
-        Ok(list.free.split_off(at))
+        Ok((0..count).map_while(|_| state.take_one()).collect())
     }
 
-    fn give_back(&self, blocks: impl IntoIterator<Item = u32>) {
-        self.lock().free.extend(blocks);
+    /// Lets go of `blocks`, last first: a sequence's tail blocks are the least likely to
+    /// be shared, so they should be the first cached blocks to go.
+    fn let_go(&self, blocks: impl DoubleEndedIterator<Item = u32>) {
+        let mut state = self.lock();
+        blocks.rev().for_each(|b| state.let_go(b));
+    }
+
+    /// Holds the longest chain of cached blocks that `tokens` starts with, up to
+    /// `max_blocks` of them, and returns them with their keys.
+    fn hold_cached_prefix(&self, tokens: &[u32], max_blocks: usize) -> (Vec<u32>, Vec<u64>) {
+        let mut state = self.lock();
+        let Some(index) = state.prefixes.as_ref() else { return (Vec::new(), Vec::new()) };
+        let (mut blocks, mut keys) = (Vec::new(), Vec::new());
+        let mut parent = ROOT_KEY;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let Some((block, key)) = index.find(parent, chunk) else { break };
+            blocks.push(block);
+            keys.push(key);
+            parent = key;
+        }
+        blocks.iter().for_each(|&b| state.hold(b));
+        if let Some(index) = state.prefixes.as_mut() {
+            index.stats.lookups += 1;
+            index.stats.lookup_tokens += (max_blocks * self.block_size) as u64;
+            index.stats.hit_tokens += (blocks.len() * self.block_size) as u64;
+        }
+        (blocks, keys)
+    }
+
+    /// Offers a full, computed block to the cache; returns its key.
+    fn seal(&self, block: u32, parent: u64, tokens: &[u32]) -> Option<u64> {
+        Some(self.lock().prefixes.as_mut()?.insert(block, parent, tokens))
+    }
+
+    /// Makes `block` safe for its holder to overwrite: forgets it in the cache when
+    /// the holder is alone with it; otherwise `false` (others read it: do not write).
+    fn unseal_for_writing(&self, block: u32) -> bool {
+        let mut state = self.lock();
+        if state.holders[block as usize] > 1 {
+            return false;
+        }
+        if let Some(index) = state.prefixes.as_mut() {
+            index.remove(block);
+        }
+        true
     }
 }
 
@@ -135,6 +254,8 @@ pub struct KvSeq {
     /// Unique within its pool.
     id: u64,
     blocks: Vec<u32>,
+    /// Cache keys of the leading full blocks, as far as they were sealed or reused.
+    keys: Vec<u64>,
     len: usize,
     pool: BlockPool,
 }
@@ -180,21 +301,62 @@ impl KvSeq {
         Ok(())
     }
 
-    /// Forgets K/V from position `len` on, and frees blocks no longer needed.
+    /// Forgets K/V from position `len` on, and frees blocks no longer needed. A block
+    /// that other sequences share is never written again: when `len` falls inside
+    /// one, the sequence lets go of it and keeps less (check [`len`](Self::len)).
     pub fn truncate(&mut self, len: usize) {
         if len < self.len {
             self.pool.record_trim(Trim { sequence: self.id, from: len });
         }
         self.len = self.len.min(len);
+        let bs = self.pool.block_size;
+        let whole = self.len / bs;
+        if self.keys.len() > whole {
+            self.keys.truncate(whole);
+            let partial = self.len % bs != 0;
+            if partial && !self.pool.unseal_for_writing(self.blocks[whole]) {
+                self.len = whole * bs;
+            }
+        }
         let keep = self.pool.blocks_for_tokens(self.len);
         if keep < self.blocks.len() {
-            self.pool.give_back(self.blocks.drain(keep..));
+            self.pool.let_go(self.blocks.drain(keep..));
         }
     }
 
-    /// Frees every block: the request will recompute its KV if it returns.
+    /// Frees every block: the request will recompute its KV if it returns (cached
+    /// blocks among them may still spare it part of that).
     pub fn clear(&mut self) {
         self.truncate(0);
+    }
+
+    /// An empty sequence takes the longest cached prefix of `tokens` in whole blocks,
+    /// always leaving the last token to compute (its logits are needed). Returns the
+    /// positions reused, which are now computed.
+    pub fn attach_cached_prefix(&mut self, tokens: &[u32]) -> usize {
+        if !self.blocks.is_empty() || tokens.is_empty() {
+            return 0;
+        }
+        let max_blocks = (tokens.len() - 1) / self.pool.block_size;
+        let (blocks, keys) = self.pool.hold_cached_prefix(tokens, max_blocks);
+        self.len = blocks.len() * self.pool.block_size;
+        self.blocks = blocks;
+        self.keys = keys;
+        self.len
+    }
+
+    /// Offers every full computed block not yet offered to the pool's prefix cache.
+    /// `tokens` are the sequence's tokens (at least its computed ones).
+    pub fn seal_full_blocks(&mut self, tokens: &[u32]) {
+        let bs = self.pool.block_size;
+        let full = self.len.min(tokens.len()) / bs;
+        for i in self.keys.len()..full {
+            let parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
+            match self.pool.seal(self.blocks[i], parent, &tokens[i * bs..(i + 1) * bs]) {
+                Some(key) => self.keys.push(key),
+                None => return,
+            }
+        }
     }
 
     /// Records that K/V for positions up to `len` are now computed. The backend calls
@@ -217,7 +379,7 @@ impl Drop for KvSeq {
             self.pool.record_trim(Trim { sequence: self.id, from: 0 });
         }
         if !self.blocks.is_empty() {
-            self.pool.give_back(self.blocks.drain(..));
+            self.pool.let_go(self.blocks.drain(..));
         }
     }
 }
@@ -295,5 +457,103 @@ mod tests {
         assert_eq!(trims, vec![Trim { sequence: a_id, from: 6 }, Trim { sequence: a_id, from: 0 }]);
         assert!(pool.take_trims().is_empty());
         assert!(BlockPool::new(4, 4).take_trims().is_empty());
+    }
+    /// A sequence that computed `tokens` and offered its full blocks to the cache.
+    fn computed(pool: &BlockPool, tokens: &[u32]) -> KvSeq {
+        let mut seq = pool.new_sequence();
+        seq.reserve(tokens.len()).unwrap();
+        seq.set_computed(tokens.len());
+        seq.seal_full_blocks(tokens);
+        seq
+    }
+
+    #[test]
+    fn a_later_sequence_reuses_sealed_blocks_and_shares_them() {
+        let pool = BlockPool::caching_prefixes(16, 4);
+        let first = computed(&pool, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut second = pool.new_sequence();
+        // Two whole blocks match; the third differs.
+        assert_eq!(second.attach_cached_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 11, 12]), 8);
+        assert_eq!(second.blocks(), &first.blocks()[..2]);
+        assert_eq!(second.len(), 8);
+        assert_eq!(pool.capacity().free_blocks, 13, "shared blocks count once");
+        let stats = pool.prefix_cache_stats();
+        assert_eq!((stats.lookups, stats.lookup_tokens, stats.hit_tokens), (1, 8, 8));
+        // The last token is always left to compute, even when every block matches.
+        let mut third = pool.new_sequence();
+        assert_eq!(third.attach_cached_prefix(&[1, 2, 3, 4, 5, 6, 7, 8]), 4);
+        // A different first block matches nothing, however the rest looks.
+        let mut other = pool.new_sequence();
+        assert_eq!(other.attach_cached_prefix(&[0, 2, 3, 4, 5, 6, 7, 8, 9]), 0);
+    }
+
+    #[test]
+    fn held_blocks_are_never_evicted_and_a_flush_frees_everything() {
+        let pool = BlockPool::caching_prefixes(4, 2);
+        let running = computed(&pool, &[1, 2, 3, 4]);
+        drop(computed(&pool, &[5, 6, 7, 8]));
+        let cap = pool.capacity();
+        assert_eq!((cap.free_blocks, cap.cached_blocks), (2, 2));
+        // New K/V may take the parked blocks, never the running sequence's.
+        let mut hungry = pool.new_sequence();
+        hungry.reserve(4).unwrap();
+        assert!(hungry.blocks().iter().all(|b| !running.blocks().contains(b)));
+        assert_eq!(pool.prefix_cache_stats().evicted_blocks, 2);
+        assert!(hungry.reserve(6).is_err(), "the running sequence's blocks are not free");
+        let mut again = pool.new_sequence();
+        assert_eq!(again.attach_cached_prefix(&[5, 6, 7, 8, 9]), 0, "evicted blocks are forgotten");
+        assert_eq!(again.attach_cached_prefix(&[1, 2, 3, 4, 9]), 4);
+        drop((running, hungry, again));
+        assert_eq!(pool.capacity().free_blocks, 4);
+        assert_eq!(pool.capacity().cached_blocks, 2);
+        pool.flush_prefix_cache();
+        let cap = pool.capacity();
+        assert_eq!((cap.free_blocks, cap.cached_blocks), (4, 0));
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_freed_block_and_tails_first() {
+        let pool = BlockPool::caching_prefixes(4, 2);
+        drop(computed(&pool, &[1, 2, 3, 4]));
+        drop(computed(&pool, &[5, 6, 7, 8]));
+        let mut one = pool.new_sequence();
+        one.reserve(2).unwrap();
+        // [1, 2, 3, 4]'s tail block went first; its head still matches.
+        let mut probe = pool.new_sequence();
+        assert_eq!(probe.attach_cached_prefix(&[1, 2, 3, 4, 0]), 2);
+        drop(probe);
+        let mut probe = pool.new_sequence();
+        assert_eq!(probe.attach_cached_prefix(&[5, 6, 7, 8, 0]), 4);
+    }
+
+    #[test]
+    fn rewinding_into_a_shared_block_lets_go_of_it_and_into_a_private_one_unseals_it() {
+        let pool = BlockPool::caching_prefixes(8, 4);
+        let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+        let mut a = computed(&pool, &tokens);
+        let mut b = pool.new_sequence();
+        b.attach_cached_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        // a shares both blocks with b: a rewind to 6 must not write into block 1.
+        a.truncate(6);
+        assert_eq!((a.len(), a.blocks().len()), (4, 1));
+        drop(b);
+        // Alone with a sealed block, a sequence may rewrite it; the cache forgets it.
+        let mut c = pool.new_sequence();
+        assert_eq!(c.attach_cached_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), 8);
+        drop(a);
+        c.truncate(6);
+        assert_eq!(c.len(), 6);
+        let mut d = pool.new_sequence();
+        assert_eq!(d.attach_cached_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), 4);
+    }
+
+    #[test]
+    fn a_pool_without_a_cache_frees_blocks_at_once() {
+        let pool = BlockPool::new(4, 2);
+        drop(computed(&pool, &[1, 2, 3, 4]));
+        assert_eq!(pool.capacity().cached_blocks, 0);
+        let mut seq = pool.new_sequence();
+        assert_eq!(seq.attach_cached_prefix(&[1, 2, 3, 4, 5]), 0);
+        assert!(!pool.caches_prefixes());
     }
 }

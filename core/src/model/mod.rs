@@ -15,6 +15,7 @@ pub mod linear;
 pub mod llamacpp;
 pub mod machine;
 pub mod matmul;
+pub mod prefix_cache;
 pub mod presets;
 pub mod profile;
 pub mod rope;
@@ -30,3 +31,4 @@ pub use backend::{
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
 pub use kv::{BlockPool, KvCapacity, KvSeq, Trim};
+pub use prefix_cache::PrefixCacheStats;

@@ -94,6 +94,12 @@ pub enum RequestEvent {
         id: RequestId,
         message: String,
     },
+    /// `model` reused `tokens` positions of the request's K/V from its prefix cache.
+    CachedPrefix {
+        id: RequestId,
+        model: ModelIndex,
+        tokens: usize,
+    },
     /// `model` lost the request in a panic and restarted: rebuild it there from the
     /// committed tokens (all `output_len` of them) with this travel state.
     Resume {
@@ -111,7 +117,8 @@ impl RequestEvent {
             | RequestEvent::Moved { id, .. }
             | RequestEvent::Finished { id, .. }
             | RequestEvent::Failed { id, .. }
-            | RequestEvent::Resume { id, .. } => *id,
+            | RequestEvent::Resume { id, .. }
+            | RequestEvent::CachedPrefix { id, .. } => *id,
         }
     }
 }

@@ -91,6 +91,10 @@ pub struct SubserverStats {
     pub handoffs_out: u64,
     pub handoffs_in: u64,
     pub evictions: u64,
+    /// Tokens that requests with no K/V here could have reused from the prefix cache
+    /// (whole blocks before their last token), and the tokens they did reuse.
+    pub prefix_lookup_tokens: u64,
+    pub prefix_hit_tokens: u64,
     pub busy: Duration,
     /// Requests handed to each peer, by destination model.
     pub handoffs_to: Vec<u64>,
@@ -114,6 +118,8 @@ impl SubserverStats {
             handoffs_out: self.handoffs_out.saturating_sub(earlier.handoffs_out),
             handoffs_in: self.handoffs_in.saturating_sub(earlier.handoffs_in),
             evictions: self.evictions.saturating_sub(earlier.evictions),
+            prefix_lookup_tokens: self.prefix_lookup_tokens.saturating_sub(earlier.prefix_lookup_tokens),
+            prefix_hit_tokens: self.prefix_hit_tokens.saturating_sub(earlier.prefix_hit_tokens),
             busy: self.busy.saturating_sub(earlier.busy),
             handoffs_to: minus(&self.handoffs_to, &earlier.handoffs_to),
             steps_by_rows: minus(&self.steps_by_rows, &earlier.steps_by_rows),
@@ -139,6 +145,8 @@ impl SubserverStats {
             handoffs_out: self.handoffs_out + other.handoffs_out,
             handoffs_in: self.handoffs_in + other.handoffs_in,
             evictions: self.evictions + other.evictions,
+            prefix_lookup_tokens: self.prefix_lookup_tokens + other.prefix_lookup_tokens,
+            prefix_hit_tokens: self.prefix_hit_tokens + other.prefix_hit_tokens,
             busy: self.busy + other.busy,
             handoffs_to: add(&self.handoffs_to, &other.handoffs_to),
             steps_by_rows: add(&self.steps_by_rows, &other.steps_by_rows),
@@ -386,7 +394,7 @@ impl Subserver {
     pub fn step(&mut self) -> StepOutcome {
         let started = Instant::now();
         let mut outcome = StepOutcome::default();
-        let mut rows = self.take_batch();
+        let mut rows = self.take_batch(&mut outcome.events);
         self.in_flight = rows.iter().map(|r| r.resident.checkpoint()).collect();
         if self.fault == Some(FaultPoint::BeforeForward) {
             self.fault = None;
@@ -434,7 +442,7 @@ impl Subserver {
 
     /// Takes ready requests in arrival order: short rows (decodes, extends) first so a
     /// long prompt never holds them back, then prompt chunks while the budget lasts.
-    fn take_batch(&mut self) -> Vec<Row> {
+    fn take_batch(&mut self, events: &mut Vec<RequestEvent>) -> Vec<Row> {
         let chunk = self.config.prefill_chunk.max(1);
         let (mut short, mut long): (Vec<RequestId>, Vec<RequestId>) =
             self.ready.iter().partition(|id| self.residents[id].behind() <= chunk.min(16));
@@ -445,14 +453,32 @@ impl Subserver {
             if rows.len() == self.config.max_batch_rows || (budget == 0 && !rows.is_empty()) {
                 break;
             }
-            let behind = self.residents[&id].behind();
-            let feed = behind.min(chunk).min(budget.max(1));
-            budget = budget.saturating_sub(feed);
             self.ready.retain(|r| *r != id);
-            let resident = self.residents.remove(&id).expect("ready requests are resident");
+            let mut resident = self.residents.remove(&id).expect("ready requests are resident");
+            if resident.kv.is_empty() {
+                self.reuse_cached_prefix(&mut resident, events);
+            }
+            let feed = resident.behind().min(chunk).min(budget.max(1));
+            budget = budget.saturating_sub(feed);
             rows.push(Row { resident, feed });
         }
         rows
+    }
+
+    /// A request with no K/V here (new, evicted, preempted or restarted) takes what
+    /// the prefix cache holds of its tokens and computes only the rest.
+    fn reuse_cached_prefix(&mut self, r: &mut Resident, events: &mut Vec<RequestEvent>) {
+        let pool = self.backend.kv_pool();
+        if !pool.caches_prefixes() {
+            return;
+        }
+        let whole_blocks = r.tokens.len().saturating_sub(1) / pool.block_size();
+        self.stats.prefix_lookup_tokens += (whole_blocks * pool.block_size()) as u64;
+        let reused = r.kv.attach_cached_prefix(&r.tokens);
+        if reused > 0 {
+            self.stats.prefix_hit_tokens += reused as u64;
+            events.push(RequestEvent::CachedPrefix { id: r.spec.id, model: self.config.model, tokens: reused });
+        }
     }
 
     fn forward(&mut self, rows: &mut [Row]) -> crate::model::Result<Option<crate::model::ForwardOutput>> {
@@ -472,7 +498,8 @@ impl Subserver {
         let vocab = self.config.shared_vocab;
         let mut complete: Vec<(usize, Resident, crate::model::sampler::Sampled)> = Vec::new();
         for (i, row) in rows.into_iter().enumerate() {
-            let r = row.resident;
+            let mut r = row.resident;
+            r.kv.seal_full_blocks(&r.tokens);
             if r.behind() > 0 {
                 // A prompt chunk: more of it to feed before anything is sampled.
                 self.put_back_ready(r, false);
