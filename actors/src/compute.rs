@@ -398,6 +398,11 @@ impl ComputeLoop {
         let kv = self.sub.backend().kv_capacity();
         metrics::gauge!("tokenrouter_kv_blocks_used", "model" => model.clone()).set(kv.used_blocks() as f64);
         metrics::gauge!("tokenrouter_kv_blocks_total", "model" => model.clone()).set(kv.total_blocks as f64);
+        metrics::gauge!("tokenrouter_kv_blocks_cached", "model" => model.clone()).set(kv.cached_blocks as f64);
+        metrics::counter!("tokenrouter_prefix_cache_lookup_tokens_total", "model" => model.clone())
+            .absolute(st.prefix_lookup_tokens);
+        metrics::counter!("tokenrouter_prefix_cache_hit_tokens_total", "model" => model.clone())
+            .absolute(st.prefix_hit_tokens);
         metrics::gauge!("tokenrouter_ready_requests", "model" => model.clone()).set(self.sub.ready_count() as f64);
         metrics::gauge!("tokenrouter_pending_requests", "model" => model).set(self.sub.pending_count() as f64);
     }

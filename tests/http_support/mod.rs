@@ -57,6 +57,7 @@ pub struct Setup {
     pub admission: AdmissionConfig,
     pub kv_budget_bytes: usize,
     pub fault_injection: bool,
+    pub prefix_cache: bool,
 }
 
 impl Default for Setup {
@@ -70,6 +71,7 @@ impl Default for Setup {
             admission: AdmissionConfig::default(),
             kv_budget_bytes: 8 << 20,
             fault_injection: false,
+            prefix_cache: true,
         }
     }
 }
@@ -132,7 +134,11 @@ impl TestServer {
             let init = InitOptions { seed: setup.first_seed + i as u64, std: 0.1 };
             write_random_model(&config, &init, dir.path()).unwrap();
             copy_tokenizer(&tokenizer, dir.path()).unwrap();
-            let load = LoadOptions { kv_budget_bytes: setup.kv_budget_bytes, ..LoadOptions::default() };
+            let load = LoadOptions {
+                kv_budget_bytes: setup.kv_budget_bytes,
+                prefix_cache: setup.prefix_cache,
+                ..LoadOptions::default()
+            };
             specs.push(ModelSpec { name: name.to_string(), path: dir.path().to_path_buf(), load });
             models.push(dir);
         }
