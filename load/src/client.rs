@@ -46,9 +46,15 @@ pub struct RequestOptions {
 pub struct Conversation {
     /// (role, content), starting with a user turn.
     messages: Vec<(&'static str, String)>,
+    /// Sent as `session_id`: the server continues this conversation's tokenization.
+    session: Option<String>,
 }
 
 impl Conversation {
+    pub fn in_session(session: Option<String>) -> Conversation {
+        Conversation { messages: Vec::new(), session }
+    }
+
     pub fn user(&mut self, text: &str) {
         self.messages.push(("user", text.to_string()));
     }
@@ -167,6 +173,9 @@ impl Client {
                 body["messages"] = Value::Array(messages);
             }
             Endpoint::Completions => body["prompt"] = json!(conversation.completion_prompt()),
+        }
+        if let Some(session) = &conversation.session {
+            body["session_id"] = json!(session);
         }
         if let Some(model) = &o.model {
             body["model"] = json!(model);
@@ -324,6 +333,16 @@ mod tests {
         assert_eq!((body["ignore_eos"].clone(), body["model"].clone()), (json!(true), json!("m")));
         assert_eq!(body["routing"], json!({ "trace": true }));
         assert!(body.get("temperature").is_none() && body.get("prompt").is_none());
+        assert!(body.get("session_id").is_none(), "no session, no id");
+    }
+
+    #[test]
+    fn sessions_send_their_id_on_both_endpoints() {
+        let mut c = Conversation::in_session(Some("load-7".into()));
+        c.user("first");
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            assert_eq!(client(endpoint).body(&c, 4, 1)["session_id"], "load-7");
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod sse;
 pub mod stats;
 pub mod target;
 pub mod trace;
+pub mod turns;
 pub mod workload;
 
 pub use cli::{execute, LoadArgs};

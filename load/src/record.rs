@@ -24,6 +24,10 @@ pub struct RequestRecord {
     pub latency_s: f64,
     /// The server's count of prompt tokens (0 when it reported none).
     pub prompt_tokens: u64,
+    /// Of those, the tokens the server took from its prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`; 0 when it reported none).
+    #[serde(default)]
+    pub cached_tokens: u64,
     /// Tokens of the newest user turn as the load generator counted them.
     pub turn_tokens: usize,
     pub output_tokens: u64,
@@ -65,6 +69,7 @@ impl RequestRecord {
             ttft_s: t.first_token.map(|d| d.as_secs_f64()),
             latency_s,
             prompt_tokens: t.usage.as_ref().map_or(0, |u| u.prompt_tokens),
+            cached_tokens: t.usage.as_ref().map_or(0, |u| u.cached_tokens),
             turn_tokens: slot.turn_tokens,
             output_tokens,
             streamed_tokens: t.streamed_tokens(),
@@ -82,8 +87,8 @@ impl RequestRecord {
     }
 }
 
-pub const CSV_HEADER: &str = "index,job,turn,start_s,ok,ttft_s,latency_s,prompt_tokens,turn_tokens,output_tokens,\
-streamed_tokens,max_tokens,tokens_per_s,tokens_per_model,finish_reason,error,fate";
+pub const CSV_HEADER: &str = "index,job,turn,start_s,ok,ttft_s,latency_s,prompt_tokens,cached_tokens,turn_tokens,\
+output_tokens,streamed_tokens,max_tokens,tokens_per_s,tokens_per_model,finish_reason,error,fate";
 
 impl RequestRecord {
     /// The CSV row (columns of `CSV_HEADER`); tokens per model as `name=n;name=n`.
@@ -99,6 +104,7 @@ impl RequestRecord {
             opt(self.ttft_s.map(|t| format!("{t:.6}"))),
             format!("{:.6}", self.latency_s),
             self.prompt_tokens.to_string(),
+            self.cached_tokens.to_string(),
             self.turn_tokens.to_string(),
             self.output_tokens.to_string(),
             opt(self.streamed_tokens.map(|n| n.to_string())),
@@ -144,14 +150,14 @@ mod tests {
         tally.on_data(Duration::from_millis(100), r#"{"choices":[{"text":"ab"}],"routing":{"models":["s","l"]}}"#);
         tally.on_data(
             Duration::from_millis(150),
-            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#,
         );
         tally.on_event(Duration::from_millis(150), crate::sse::SseEvent::Done);
         let outcome = Outcome::new(Duration::from_millis(200), tally, None);
         let r = RequestRecord::new(slot(), &outcome);
         assert!(r.ok);
         assert_eq!((r.ttft_s, r.latency_s, r.output_tokens, r.prompt_tokens), (Some(0.1), 0.2, 2, 12));
-        assert_eq!(r.streamed_tokens, Some(2));
+        assert_eq!((r.streamed_tokens, r.cached_tokens), (Some(2), 8));
         assert!((r.tokens_per_s - 10.0).abs() < 1e-9);
         assert_eq!(r.tokens_per_model, BTreeMap::from([("l".into(), 1), ("s".into(), 1)]));
     }
@@ -163,6 +169,7 @@ mod tests {
         let row = r.csv_row();
         assert!(row.ends_with(",\"HTTP 400: bad \"\"x\"\", really\",lost"), "{row}");
         assert!(row.starts_with("3,1,2,0.500000,false,,"), "{row}");
-        assert_eq!(CSV_HEADER.split(',').count(), 17);
+        assert_eq!(CSV_HEADER.split(',').count(), 18);
+        assert_eq!(row.split(',').nth(8), Some("0"), "cached_tokens after prompt_tokens: {row}");
     }
 }

@@ -245,7 +245,7 @@ impl Run {
     /// The turns of a job in order, each with the conversation so far. A failed
     /// (or hung-up) turn ends its session: the next turn would need its answer.
     async fn run_job(&self, job: &Job) {
-        let mut conversation = Conversation::default();
+        let mut conversation = Conversation::in_session(job.session_id());
         for (turn, t) in job.turns.iter().enumerate() {
             let Some(index) = self.take() else { return };
             conversation.user(&t.text);

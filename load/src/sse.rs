@@ -14,6 +14,9 @@ pub use tokenrouter_core::sse::{SseEvent, SseParser};
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`: prompt tokens served from the prefix
+    /// cache (0 when the server does not say).
+    pub cached_tokens: u64,
     /// tokenrouter's extension: output tokens by model name (empty elsewhere).
     pub tokens_per_model: BTreeMap<String, u64>,
 }
@@ -64,6 +67,7 @@ fn parse_usage(u: &Value) -> Usage {
     Usage {
         prompt_tokens: u["prompt_tokens"].as_u64().unwrap_or(0),
         completion_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
+        cached_tokens: u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
         tokens_per_model: per_model
             .map(|m| m.iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0))).collect())
             .unwrap_or_default(),
@@ -205,6 +209,11 @@ mod tests {
         let usage = Chunk::parse(r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"tokens_per_model":{"small":2,"large":1}}}"#).unwrap();
         let u = usage.usage.unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens, u.tokens_per_model["small"]), (5, 3, 2));
+        assert_eq!(u.cached_tokens, 0, "no prompt_tokens_details: nothing cached");
+        let cached = Chunk::parse(
+            r#"{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":32}}}"#,
+        );
+        assert_eq!(cached.unwrap().usage.unwrap().cached_tokens, 32);
         let error = Chunk::parse(r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#);
         assert_eq!(error.unwrap().error.as_deref(), Some("boom"));
         assert!(Chunk::parse("{not json").unwrap_err().contains("unreadable"));

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::churn::Fate;
 use crate::record::RequestRecord;
+use crate::turns::{self, TurnStats};
 
 /// The `q`-quantile (0..=1) of sorted values, interpolating linearly between
 /// ranks (NumPy's default), so p50 of an even count is the middle pair's mean.
@@ -73,6 +74,10 @@ pub struct Summary {
     pub user_tok_s: Option<Distribution>,
     /// Output tokens of completed requests by model (when the server reports them).
     pub tokens_per_model: BTreeMap<String, u64>,
+    /// Multi-turn workloads: TTFT and cached prompt tokens by turn index (empty for
+    /// single-turn runs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_turn: Vec<TurnStats>,
 }
 
 impl Summary {
@@ -105,6 +110,7 @@ impl Summary {
             latency_s: Distribution::of(done.iter().map(|r| r.latency_s)),
             user_tok_s: Distribution::of(done.iter().map(|r| r.tokens_per_s)),
             tokens_per_model,
+            by_turn: turns::by_turn(records),
         }
     }
 
@@ -162,6 +168,7 @@ impl Summary {
         for (error, n) in &self.failures {
             line(format!("failed ×{n}: {error}"));
         }
+        out.push_str(&turns::render(&self.by_turn));
         out
     }
 }
@@ -198,6 +205,7 @@ mod tests {
             ttft_s: ok.then_some(latency / 4.0),
             latency_s: latency,
             prompt_tokens: 10,
+            cached_tokens: 0,
             turn_tokens: 10,
             output_tokens: output,
             streamed_tokens: None,
@@ -245,6 +253,21 @@ mod tests {
         assert!(lost <= 1, "right under the request counts: {text}");
         assert!(text.contains("dropped by the client: 1 hung up mid-stream, 1 cut at the time limit"), "{text}");
         assert!(!Summary::new(&records[..1], 1.0).render().contains("LOST"));
+    }
+
+    #[test]
+    fn multi_turn_runs_summarize_by_turn() {
+        let mut second = record(1, true, 8, 0.4, &[]);
+        (second.job, second.turn, second.cached_tokens) = (0, 1, 16);
+        let s = Summary::new(&[record(0, true, 8, 2.0, &[]), second], 1.0);
+        assert_eq!(s.by_turn.iter().map(|t| (t.turn, t.requests)).collect::<Vec<_>>(), [(1, 1), (2, 1)]);
+        assert_eq!((s.by_turn[0].ttft_s.unwrap().p50, s.by_turn[1].ttft_s.unwrap().p99), (0.5, 0.1));
+        assert_eq!(s.by_turn[1].mean_cached_tokens, 16.0);
+        assert!(s.render().contains("TTFT by turn:"), "{}", s.render());
+        let single = Summary::new(&[record(0, true, 8, 2.0, &[])], 1.0);
+        assert!(single.by_turn.is_empty() && !single.render().contains("by turn"));
+        let json = serde_json::to_value(&single).unwrap();
+        assert!(json.get("by_turn").is_none(), "left out of single-turn reports");
     }
 
     #[test]

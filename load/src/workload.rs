@@ -110,6 +110,13 @@ impl Job {
     pub fn sampling_seed(&self, turn: usize) -> u64 {
         mix64(self.seed ^ (turn as u64 + 1)) & ((1 << 53) - 1)
     }
+
+    /// The `session_id` a multi-turn job's requests carry, so the server can continue
+    /// the conversation (incremental tokenization); none for a single request. Fixed
+    /// by the run's seed and the job, like the text.
+    pub fn session_id(&self) -> Option<String> {
+        (self.turns.len() > 1).then(|| format!("load-{:016x}", self.seed))
+    }
 }
 
 /// `count` jobs of a synthetic workload, or the first `count` rows of a trace.
@@ -182,6 +189,9 @@ mod tests {
         let tokens: Vec<usize> = agentic[0].turns.iter().map(|t| t.tokens).collect();
         assert_eq!((tokens, agentic[0].max_tokens), (vec![819, 35, 35], 102));
         assert!(agentic[0].turns.iter().all(|t| maker.count(&t.text) == t.tokens));
+        let sessions = (agentic[0].session_id().unwrap(), agentic[1].session_id().unwrap());
+        assert_ne!(sessions.0, sessions.1);
+        assert_eq!(Some(sessions.0), make_jobs(&spec(WorkloadKind::Agentic, 0.1), &maker, None, 1)[0].session_id());
     }
 
     #[test]
@@ -199,6 +209,7 @@ mod tests {
         assert_ne!(a[0].turns[0].text, a[1].turns[0].text);
         assert_ne!(a[0].sampling_seed(0), a[0].sampling_seed(1));
         assert!(a.iter().all(|j| j.sampling_seed(0) < 1 << 53));
+        assert_eq!(a[0].session_id(), None, "single requests continue no session");
         let other_seed = WorkloadSpec { seed: 6, ..spec(WorkloadKind::LowEffort, 1.0) };
         assert_ne!(make_jobs(&other_seed, &maker, None, 1)[0], a[0]);
     }

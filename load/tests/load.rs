@@ -84,7 +84,7 @@ async fn closed_loop_through_the_binary_completes_every_request_and_writes_json_
     let column = |name: &str| CSV_HEADER.split(',').position(|c| c == name).unwrap();
     for (line, r) in lines[1..].iter().zip(&report.requests) {
         let fields: Vec<&str> = line.split(',').collect();
-        assert_eq!(fields.len(), 17, "{line}");
+        assert_eq!(fields.len(), 18, "{line}");
         assert_eq!(fields[column("output_tokens")].parse::<u64>().unwrap(), r.output_tokens);
         assert_eq!(fields[column("ok")], "true");
         let ttft: f64 = fields[column("ttft_s")].parse().unwrap();
@@ -117,7 +117,14 @@ async fn open_loop_poisson_sessions_grow_their_context_turn_by_turn() {
         let grown = first.prompt_tokens + first.output_tokens + second.turn_tokens as u64;
         assert!(second.prompt_tokens >= grown, "{first:?}\n{second:?}");
         assert!(second.start_s >= first.start_s + first.latency_s - 1e-3, "turns run in order");
+        assert_eq!(first.cached_tokens, 0, "a fresh server has nothing cached for a new session: {first:?}");
     }
+    let by_turn = &report.summary.by_turn;
+    assert_eq!(by_turn.iter().map(|t| (t.turn, t.requests)).collect::<Vec<_>>(), [(1, 3), (2, 3)]);
+    assert!(by_turn.iter().all(|t| t.ttft_s.is_some()), "{by_turn:?}");
+    // The second turn resends the first (whole 16-token blocks of it are cached).
+    assert!(by_turn[1].mean_cached_tokens >= 16.0, "{by_turn:?}");
+    assert!(by_turn[1].mean_prompt_tokens > by_turn[0].mean_prompt_tokens, "{by_turn:?}");
     s.stop().await;
 }
 

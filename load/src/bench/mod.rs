@@ -160,6 +160,7 @@ pub(crate) mod tests {
                 ttft_s: Some(l / 10.0),
                 latency_s: l,
                 prompt_tokens: 100,
+                cached_tokens: 0,
                 turn_tokens: 100,
                 output_tokens: 10,
                 streamed_tokens: None,

@@ -205,6 +205,7 @@ impl Dispatcher {
         let usage = Usage {
             prompt_tokens: d.prompt_tokens as u64,
             completion_tokens: d.output.len() as u64,
+            cached_tokens: 0,
             tokens_per_model: per_model,
         };
         let text = self.tokenizer.decode(&d.output, true).unwrap_or_default();
