@@ -196,3 +196,43 @@ fn written_gguf_files_load_with_their_config_and_quantized_types_stay_close() {
     let q8 = LoadOptions { dtype: WeightDtype::Q8_0, ..options(BackendKind::Candle, 64) };
     assert!(load_backend(dir.path(), &q8).err().unwrap().to_string().contains("llama.cpp"));
 }
+
+/// A request that reuses cached blocks shares the cells of the sequence that computed
+/// them, also after that sequence ended (its id lives on for the cache), and gets the
+/// logits a full prefill gives; cached blocks give way when the pool needs room.
+#[test]
+fn a_cached_prefix_shares_cells_and_gives_the_logits_of_a_full_prefill() {
+    let dir = model_or_skip!(5);
+    let mut b = load(dir.path(), BackendKind::Llamacpp, 256);
+    let shared = tokens(7, 48);
+    let with_tail = |seed, n| -> Vec<u32> { shared.iter().copied().chain(tokens(seed, n)).collect() };
+    let first = with_tail(8, 5);
+    let mut a = b.new_sequence();
+    run(b.as_mut(), &mut a, &first, 0);
+    a.seal_full_blocks(&first);
+    let second = with_tail(9, 7);
+    let want = {
+        let mut plain = b.new_sequence();
+        run(b.as_mut(), &mut plain, &second, 0)
+    };
+    let reuse = |b: &mut dyn Backend| {
+        let mut kv = b.new_sequence();
+        assert_eq!(kv.attach_cached_prefix(&second), 48);
+        let got = run(b, &mut kv, &second[48..], 48);
+        let d = relative_diff(&got, &want);
+        assert!(d < 1e-3, "cached prefix: logits differ by {d} of their range");
+        assert_eq!(argmax(&got), argmax(&want));
+    };
+    reuse(b.as_mut());
+    drop(a);
+    reuse(b.as_mut());
+    // Fill the pool: the cached blocks are taken, and everything comes back.
+    let total = b.kv_capacity().total_blocks;
+    let mut big = b.new_sequence();
+    run(b.as_mut(), &mut big, &tokens(10, 16 * total - 8), 0);
+    drop(big);
+    assert_eq!(b.kv_capacity().free_blocks, total);
+    assert_eq!(b.kv_capacity().cached_blocks, 0, "the pool took the cached blocks for new K/V");
+    let mut after = b.new_sequence();
+    assert_eq!(after.attach_cached_prefix(&second), 0);
+}

@@ -17,21 +17,35 @@ struct PoolState {
     /// How many sequences hold each block.
     holders: Vec<u32>,
     next_sequence: u64,
-    /// Forgotten K/V, for backends whose storage is keyed by sequence rather than by
-    /// block id (llama.cpp): they apply these before their next forward.
-    trims: Option<Vec<Trim>>,
+    /// What happened to sequences and cached blocks, for backends whose storage is
+    /// keyed by sequence rather than by block id (llama.cpp): they replay it before
+    /// their next forward.
+    events: Option<Vec<KvEvent>>,
     /// Full blocks kept for reuse by later sequences with the same prefix.
     prefixes: Option<PrefixIndex>,
 }
 
 impl PoolState {
+    fn record(&mut self, event: KvEvent) {
+        if let Some(events) = self.events.as_mut() {
+            events.push(event);
+        }
+    }
+
     fn available(&self) -> usize {
         self.free.len() + self.prefixes.as_ref().map_or(0, PrefixIndex::evictable)
     }
 
     /// One block for new K/V: a free one, else the least recently freed cached one.
     fn take_one(&mut self) -> Option<u32> {
-        let block = self.free.pop().or_else(|| self.prefixes.as_mut()?.evict_one())?;
+        let block = match self.free.pop() {
+            Some(block) => block,
+            None => {
+                let block = self.prefixes.as_mut()?.evict_one()?;
+                self.record(KvEvent::Uncache { block });
+                block
+            }
+        };
         self.holders[block as usize] = 1;
         Some(block)
     }
@@ -60,12 +74,19 @@ impl PoolState {
     }
 }
 
-/// K/V of `sequence` from position `from` on was forgotten; `from == 0` also means
-/// the sequence may be gone for good.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Trim {
-    pub sequence: u64,
-    pub from: usize,
+/// What a pool records for a backend that keys K/V by sequence (see [`BlockPool::recording_events`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// K/V of `sequence` from position `from` on was forgotten; `dropped`: the sequence
+    /// is gone for good.
+    Trim { sequence: u64, from: usize, dropped: bool },
+    /// `sequence`'s full block at `index` (positions `index * block_size..`) entered the
+    /// prefix cache as `block`.
+    Seal { sequence: u64, block: u32, index: usize },
+    /// The empty `sequence` took cached `blocks` as its first positions.
+    Attach { sequence: u64, blocks: Vec<u32> },
+    /// `block` left the prefix cache (taken for new K/V, or about to be rewritten).
+    Uncache { block: u32 },
 }
 
 /// A pool of `total_blocks` blocks of `block_size` token slots each.
@@ -100,38 +121,53 @@ impl BlockPool {
         Self::with_state(total_blocks, block_size, None, None)
     }
 
-    /// A pool that also records every [`Trim`], for [`take_trims`](Self::take_trims).
-    pub fn recording_trims(total_blocks: usize, block_size: usize) -> Self {
-        Self::with_state(total_blocks, block_size, Some(Vec::new()), None)
-    }
-
-    /// A pool that keeps sealed full blocks for reuse (see [`KvSeq::attach_cached_prefix`]).
-    /// Only for backends that store K/V by block id, so that blocks can be shared.
+    /// A pool that keeps sealed full blocks for reuse (see [`KvSeq::attach_cached_prefix`]),
+    /// for backends that store K/V by block id.
     pub fn caching_prefixes(total_blocks: usize, block_size: usize) -> Self {
         Self::with_state(total_blocks, block_size, None, Some(PrefixIndex::new()))
+    }
+
+    /// A pool that records every [`KvEvent`], for [`take_events`](Self::take_events), so
+    /// that a backend keyed by sequence can follow; with `caching`, it keeps a prefix cache.
+    pub fn recording_events(total_blocks: usize, block_size: usize, caching: bool) -> Self {
+        Self::with_state(total_blocks, block_size, Some(Vec::new()), caching.then(PrefixIndex::new))
     }
 
     fn with_state(
         total_blocks: usize,
         block_size: usize,
-        trims: Option<Vec<Trim>>,
+        events: Option<Vec<KvEvent>>,
         prefixes: Option<PrefixIndex>,
     ) -> Self {
         assert!(block_size > 0, "block size must be positive");
         // Pop from the end hands out low ids first, which keeps early storage hot.
         let free = (0..total_blocks as u32).rev().collect();
-        let state = PoolState { free, holders: vec![0; total_blocks], next_sequence: 0, trims, prefixes };
+        let state = PoolState { free, holders: vec![0; total_blocks], next_sequence: 0, events, prefixes };
         BlockPool { block_size, state: Arc::new(Mutex::new(state)) }
     }
 
-    /// Trims recorded since the last call, oldest first (empty unless recording).
-    pub fn take_trims(&self) -> Vec<Trim> {
-        self.lock().trims.as_mut().map(std::mem::take).unwrap_or_default()
+    /// Events recorded since the last call, oldest first (empty unless recording).
+    pub fn take_events(&self) -> Vec<KvEvent> {
+        self.lock().events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    fn record_trim(&self, trim: Trim) {
-        if let Some(trims) = self.lock().trims.as_mut() {
-            trims.push(trim);
+    fn record(&self, event: KvEvent) {
+        self.lock().record(event);
+    }
+
+    /// Takes `blocks` out of the prefix cache (a backend that can no longer keep their
+    /// K/V); a block no sequence holds becomes plainly free. Records nothing.
+    pub fn uncache(&self, blocks: &[u32]) {
+        let mut state = self.lock();
+        for &block in blocks {
+            let Some(index) = state.prefixes.as_mut() else { return };
+            if !index.is_cached(block) {
+                continue;
+            }
+            index.remove(block);
+            if state.holders[block as usize] == 0 {
+                state.free.push(block);
+            }
         }
     }
 
@@ -162,6 +198,9 @@ impl BlockPool {
     pub fn flush_prefix_cache(&self) {
         let mut state = self.lock();
         let freed = state.prefixes.as_mut().map(PrefixIndex::flush).unwrap_or_default();
+        for &block in &freed {
+            state.record(KvEvent::Uncache { block });
+        }
         state.free.extend(freed);
     }
 
@@ -208,7 +247,7 @@ impl BlockPool {
 
     /// Holds the longest chain of cached blocks that `tokens` starts with, up to
     /// `max_blocks` of them, and returns them with their keys.
-    fn hold_cached_prefix(&self, tokens: &[u32], max_blocks: usize) -> (Vec<u32>, Vec<u64>) {
+    fn hold_cached_prefix(&self, sequence: u64, tokens: &[u32], max_blocks: usize) -> (Vec<u32>, Vec<u64>) {
         let mut state = self.lock();
         let Some(index) = state.prefixes.as_ref() else { return (Vec::new(), Vec::new()) };
         let (mut blocks, mut keys) = (Vec::new(), Vec::new());
@@ -225,12 +264,20 @@ impl BlockPool {
             index.stats.lookup_tokens += (max_blocks * self.block_size) as u64;
             index.stats.hit_tokens += (blocks.len() * self.block_size) as u64;
         }
+        if !blocks.is_empty() {
+            state.record(KvEvent::Attach { sequence, blocks: blocks.clone() });
+        }
         (blocks, keys)
     }
 
-    /// Offers a full, computed block to the cache; returns its key.
-    fn seal(&self, block: u32, parent: u64, tokens: &[u32]) -> Option<u64> {
-        Some(self.lock().prefixes.as_mut()?.insert(block, parent, tokens))
+    /// Offers `sequence`'s full, computed block at `index` to the cache; returns its key.
+    fn seal(&self, sequence: u64, index: usize, block: u32, parent: u64, tokens: &[u32]) -> Option<u64> {
+        let mut state = self.lock();
+        let (key, cached) = state.prefixes.as_mut()?.insert(block, parent, tokens);
+        if cached {
+            state.record(KvEvent::Seal { sequence, block, index });
+        }
+        Some(key)
     }
 
     /// Makes `block` safe for its holder to overwrite: forgets it in the cache when
@@ -240,8 +287,9 @@ impl BlockPool {
         if state.holders[block as usize] > 1 {
             return false;
         }
-        if let Some(index) = state.prefixes.as_mut() {
-            index.remove(block);
+        if state.prefixes.as_ref().is_some_and(|index| index.is_cached(block)) {
+            state.prefixes.as_mut().expect("checked").remove(block);
+            state.record(KvEvent::Uncache { block });
         }
         true
     }
@@ -305,9 +353,7 @@ impl KvSeq {
     /// that other sequences share is never written again: when `len` falls inside
     /// one, the sequence lets go of it and keeps less (check [`len`](Self::len)).
     pub fn truncate(&mut self, len: usize) {
-        if len < self.len {
-            self.pool.record_trim(Trim { sequence: self.id, from: len });
-        }
+        let before = self.len;
         self.len = self.len.min(len);
         let bs = self.pool.block_size;
         let whole = self.len / bs;
@@ -317,6 +363,9 @@ impl KvSeq {
             if partial && !self.pool.unseal_for_writing(self.blocks[whole]) {
                 self.len = whole * bs;
             }
+        }
+        if self.len < before {
+            self.pool.record(KvEvent::Trim { sequence: self.id, from: self.len, dropped: false });
         }
         let keep = self.pool.blocks_for_tokens(self.len);
         if keep < self.blocks.len() {
@@ -338,7 +387,7 @@ impl KvSeq {
             return 0;
         }
         let max_blocks = (tokens.len() - 1) / self.pool.block_size;
-        let (blocks, keys) = self.pool.hold_cached_prefix(tokens, max_blocks);
+        let (blocks, keys) = self.pool.hold_cached_prefix(self.id, tokens, max_blocks);
         self.len = blocks.len() * self.pool.block_size;
         self.blocks = blocks;
         self.keys = keys;
@@ -352,7 +401,7 @@ impl KvSeq {
         let full = self.len.min(tokens.len()) / bs;
         for i in self.keys.len()..full {
             let parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
-            match self.pool.seal(self.blocks[i], parent, &tokens[i * bs..(i + 1) * bs]) {
+            match self.pool.seal(self.id, i, self.blocks[i], parent, &tokens[i * bs..(i + 1) * bs]) {
                 Some(key) => self.keys.push(key),
                 None => return,
             }
@@ -375,9 +424,7 @@ impl KvSeq {
 
 impl Drop for KvSeq {
     fn drop(&mut self) {
-        if self.len > 0 {
-            self.pool.record_trim(Trim { sequence: self.id, from: 0 });
-        }
+        self.pool.record(KvEvent::Trim { sequence: self.id, from: 0, dropped: true });
         if !self.blocks.is_empty() {
             self.pool.let_go(self.blocks.drain(..));
         }
@@ -441,8 +488,8 @@ mod tests {
     }
 
     #[test]
-    fn a_recording_pool_logs_rewinds_and_drops_only() {
-        let pool = BlockPool::recording_trims(8, 4);
+    fn a_recording_pool_logs_rewinds_and_drops() {
+        let pool = BlockPool::recording_events(8, 4, false);
         let mut a = pool.new_sequence();
         let b = pool.new_sequence();
         assert_ne!(a.id(), b.id());
@@ -450,13 +497,43 @@ mod tests {
         a.set_computed(10);
         a.truncate(12);
         a.truncate(6);
-        drop(b); // never computed anything: nothing to forget
-        let a_id = a.id();
+        let (a_id, b_id) = (a.id(), b.id());
+        drop(b);
         drop(a);
-        let trims = pool.take_trims();
-        assert_eq!(trims, vec![Trim { sequence: a_id, from: 6 }, Trim { sequence: a_id, from: 0 }]);
-        assert!(pool.take_trims().is_empty());
-        assert!(BlockPool::new(4, 4).take_trims().is_empty());
+        let trim = |sequence, from, dropped| KvEvent::Trim { sequence, from, dropped };
+        assert_eq!(pool.take_events(), vec![trim(a_id, 6, false), trim(b_id, 0, true), trim(a_id, 0, true)]);
+        assert!(pool.take_events().is_empty());
+        let quiet = BlockPool::new(4, 4);
+        drop(quiet.new_sequence());
+        assert!(quiet.take_events().is_empty());
+    }
+
+    #[test]
+    fn a_recording_cache_logs_seals_attaches_and_what_leaves_it() {
+        let pool = BlockPool::recording_events(3, 2, true);
+        let a = computed(&pool, &[1, 2, 3, 4]);
+        let mut b = pool.new_sequence();
+        assert_eq!(b.attach_cached_prefix(&[1, 2, 3, 4, 5]), 4);
+        let (a_id, b_id, blocks) = (a.id(), b.id(), a.blocks().to_vec());
+        drop((a, b));
+        // Three blocks: the free one first, then the least recently freed cached one.
+        let mut c = pool.new_sequence();
+        c.reserve(4).unwrap();
+        let events = pool.take_events();
+        assert_eq!(
+            events,
+            vec![
+                KvEvent::Seal { sequence: a_id, block: blocks[0], index: 0 },
+                KvEvent::Seal { sequence: a_id, block: blocks[1], index: 1 },
+                KvEvent::Attach { sequence: b_id, blocks: blocks.clone() },
+                KvEvent::Trim { sequence: a_id, from: 0, dropped: true },
+                KvEvent::Trim { sequence: b_id, from: 0, dropped: true },
+                KvEvent::Uncache { block: blocks[1] },
+            ]
+        );
+        pool.uncache(&[blocks[0]]);
+        assert_eq!(pool.capacity().cached_blocks, 0);
+        assert_eq!(pool.capacity().free_blocks, 1);
     }
     /// A sequence that computed `tokens` and offered its full blocks to the cache.
     fn computed(pool: &BlockPool, tokens: &[u32]) -> KvSeq {

@@ -22,6 +22,7 @@ pub mod presets;
 pub mod profile;
 pub mod rope;
 pub mod sampler;
+pub mod sequence_map;
 pub mod threads;
 pub mod transformer;
 pub mod weights;
@@ -32,5 +33,5 @@ pub use backend::{
 };
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
-pub use kv::{BlockPool, KvCapacity, KvSeq, Trim};
+pub use kv::{BlockPool, KvCapacity, KvEvent, KvSeq};
 pub use prefix_cache::PrefixCacheStats;

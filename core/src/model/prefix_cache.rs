@@ -79,14 +79,16 @@ impl PrefixIndex {
     }
 
     /// Indexes `block` as holding `tokens` after `parent`, unless an equal block is
-    /// indexed already (the duplicate then stays private). Returns the block's key.
-    pub(crate) fn insert(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
+    /// indexed already (the duplicate then stays private). Returns the block's key and
+    /// whether the block is now indexed.
+    pub(crate) fn insert(&mut self, block: u32, parent: u64, tokens: &[u32]) -> (u64, bool) {
         let key = chain_key(parent, tokens);
-        if !self.by_key.contains_key(&key) && !self.entries.contains_key(&block) {
-            self.by_key.insert(key, block);
-            self.entries.insert(block, Entry { key, parent, tokens: tokens.into() });
+        if self.by_key.contains_key(&key) || self.entries.contains_key(&block) {
+            return (key, false);
         }
-        key
+        self.by_key.insert(key, block);
+        self.entries.insert(block, Entry { key, parent, tokens: tokens.into() });
+        (key, true)
     }
 
     /// Forgets `block` (its holder is about to overwrite it).
@@ -147,7 +149,8 @@ mod tests {
     #[test]
     fn a_lookup_checks_tokens_and_parent_not_only_the_key() {
         let mut index = PrefixIndex::new();
-        let key = index.insert(7, ROOT_KEY, &[1, 2]);
+        let (key, cached) = index.insert(7, ROOT_KEY, &[1, 2]);
+        assert!(cached);
         assert_eq!(index.find(ROOT_KEY, &[1, 2]), Some((7, key)));
         // Forge a collision: the key now points at an entry with other tokens.
         index.by_key.insert(chain_key(ROOT_KEY, &[9, 9]), 7);

@@ -168,11 +168,27 @@ impl Context {
 
     /// Forgets K/V of `seq` from position `from` on.
     pub(super) fn forget(&mut self, seq: i32, from: usize) {
+        self.forget_range(seq, from, None);
+    }
+
+    /// Forgets K/V of `seq` at positions `from..to` (`None`: to the end).
+    pub(super) fn forget_range(&mut self, seq: i32, from: usize, to: Option<usize>) {
+        let to = to.map_or(-1, |t| t as i32);
         // SAFETY: the context is alive; removing a range of a sequence on a standard
         // KV cache cannot fail partially.
         unsafe {
             let memory = sys::llama_get_memory(self.ptr.as_ptr());
-            sys::llama_memory_seq_rm(memory, seq, from as i32, -1);
+            sys::llama_memory_seq_rm(memory, seq, from as i32, to);
+        }
+    }
+
+    /// Makes `dst` share `src`'s K/V at positions `from..to`: in the unified cache the
+    /// cells gain a sequence id, nothing is copied.
+    pub(super) fn share(&mut self, src: i32, dst: i32, from: usize, to: usize) {
+        // SAFETY: the context is alive and both ids are below n_seq_max.
+        unsafe {
+            let memory = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_cp(memory, src, dst, from as i32, to as i32);
         }
     }
 

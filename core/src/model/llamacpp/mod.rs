@@ -4,13 +4,14 @@
 //! Each resident request gets a llama.cpp sequence id on its first forward. K/V lives in
 //! one unified llama.cpp cache of `n_ctx` cells; the engine's [`BlockPool`] accounts for
 //! it in blocks, so a batch that fits the pool fits the cache. The pool records every
-//! rewind and drop of a sequence ([`Trim`]), and the backend replays them on llama.cpp's
-//! cache before the next decode: a request that ends or is evicted frees its cells
-//! wherever its handle is dropped, as on the candle backend.
+//! rewind and drop of a sequence and what enters and leaves its prefix cache
+//! ([`KvEvent`](super::kv::KvEvent)), and the backend replays them on llama.cpp's cache
+//! before the next decode ([`SequenceMap`]): a request that ends or is evicted frees its
+//! cells wherever its handle is dropped, and a request that reuses a cached prefix shares
+//! the cells that hold it, as on the candle backend.
 
 mod ffi;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,7 +20,8 @@ use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::gguf::write_gguf;
 use super::gguf_read::is_gguf_file;
-use super::kv::{BlockPool, Trim};
+use super::kv::BlockPool;
+use super::sequence_map::{SequenceCells, SequenceMap};
 use ffi::{Batch, Context, ContextSpec, DecodeFailure, Model};
 
 /// llama.cpp's sequence ids are below this (LLAMA_MAX_SEQ).
@@ -33,9 +35,8 @@ pub struct LlamaCppBackend {
     pool: BlockPool,
     context: Context,
     batch: Batch,
-    /// Engine sequence id → llama.cpp sequence id, for sequences with cells.
-    seq_of: HashMap<u64, i32>,
-    free_seqs: Vec<i32>,
+    /// Engine sequences, and cached blocks, to llama.cpp sequence ids.
+    sequences: SequenceMap,
     llama_vocab: usize,
 }
 
@@ -74,45 +75,33 @@ impl LlamaCppBackend {
         let context = Context::new(model, &spec)?;
         Ok(LlamaCppBackend {
             config,
-            pool: BlockPool::recording_trims(blocks, block_size),
+            pool: BlockPool::recording_events(blocks, block_size, options.prefix_cache),
             context,
             batch: Batch::with_capacity(256),
-            seq_of: HashMap::new(),
-            free_seqs: (0..MAX_SEQUENCES as i32).rev().collect(),
+            sequences: SequenceMap::new(MAX_SEQUENCES, block_size),
             llama_vocab,
         })
     }
 
-    /// Replays rewinds and drops on llama.cpp's cache.
-    fn apply_trims(&mut self) {
-        for Trim { sequence, from } in self.pool.take_trims() {
-            let Some(&seq) = self.seq_of.get(&sequence) else { continue };
-            self.context.forget(seq, from);
-            if from == 0 {
-                self.seq_of.remove(&sequence);
-                self.free_seqs.push(seq);
-            }
-        }
+    /// Replays the pool's events on llama.cpp's cache.
+    fn apply_events(&mut self) -> Result<()> {
+        let events = self.pool.take_events();
+        self.sequences.apply(events, &mut self.context, &self.pool)
     }
 
     fn check_sequence_room(&self, rows: &[RowInput<'_>]) -> Result<()> {
-        let new = rows.iter().filter(|r| !self.seq_of.contains_key(&r.kv.id())).count();
-        if new > self.free_seqs.len() {
+        let new = rows.iter().filter(|r| self.sequences.id_of(r.kv.id()).is_none()).count();
+        let available = self.sequences.available_ids();
+        if new > available {
             return Err(ModelError::BadBatch(format!(
-                "{new} new sequences but only {} of llama.cpp's {MAX_SEQUENCES} sequence ids are free",
-                self.free_seqs.len()
+                "{new} new sequences but only {available} of llama.cpp's {MAX_SEQUENCES} sequence ids are free"
             )));
         }
         Ok(())
     }
 
     fn seq_for(&mut self, sequence: u64) -> i32 {
-        if let Some(&seq) = self.seq_of.get(&sequence) {
-            return seq;
-        }
-        let seq = self.free_seqs.pop().expect("check_sequence_room ran first");
-        self.seq_of.insert(sequence, seq);
-        seq
+        self.sequences.id_for(sequence, &mut self.context, &self.pool).expect("check_sequence_room ran first")
     }
 
     /// Lays the rows out as one batch; returns each row's output index in the batch.
@@ -162,11 +151,12 @@ impl LlamaCppBackend {
     fn roll_back(&mut self, rows: &mut [RowInput<'_>]) {
         for row in rows.iter_mut() {
             row.kv.truncate(row.start);
-            if let Some(&seq) = self.seq_of.get(&row.kv.id()) {
+            if let Some(seq) = self.sequences.id_of(row.kv.id()) {
                 self.context.forget(seq, row.start);
             }
         }
-        self.apply_trims();
+        // Best effort: a failure here surfaces at the next forward.
+        let _ = self.apply_events();
     }
 }
 
@@ -202,10 +192,10 @@ impl Backend for LlamaCppBackend {
 
     fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
         check_rows(&self.config, &self.pool, rows)?;
-        self.apply_trims();
+        self.apply_events()?;
         self.check_sequence_room(rows)?;
         reserve_rows(&self.pool, rows)?;
-        self.apply_trims();
+        self.apply_events()?;
         let last = self.fill_batch(rows);
         if let Err(failure) = self.context.decode(&self.batch, want_hidden) {
             self.roll_back(rows);
@@ -222,5 +212,15 @@ impl Backend for LlamaCppBackend {
             row.kv.set_computed(row.start + row.tokens.len());
         }
         self.collect(&last, want_hidden)
+    }
+}
+
+impl SequenceCells for Context {
+    fn forget(&mut self, seq: i32, from: usize, to: Option<usize>) {
+        self.forget_range(seq, from, to);
+    }
+
+    fn share(&mut self, src: i32, dst: i32, from: usize, to: usize) {
+        Context::share(self, src, dst, from, to);
     }
 }
