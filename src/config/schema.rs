@@ -48,8 +48,7 @@ pub struct ModelEntry {
     /// Compute threads of a pool of this model's own; absent: the process pool.
     #[serde(default)]
     pub threads: Option<usize>,
-    /// Keep full KV blocks for reuse by requests that share a prefix (candle backend;
-    /// default on).
+    /// Keep full KV blocks for reuse by requests that share a prefix (default on).
     #[serde(default = "default_true")]
     pub prefix_cache: bool,
 }

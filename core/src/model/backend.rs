@@ -189,8 +189,7 @@ pub struct LoadOptions {
     /// [`threads`](super::threads)). On a small CPU, pinning models to disjoint thread
     /// sets stops their steps from time-slicing each other.
     pub threads: Option<usize>,
-    /// Keep full KV blocks for reuse by later requests with the same prefix (candle;
-    /// llama.cpp stores K/V by sequence and does not share them).
+    /// Keep full KV blocks for reuse by later requests with the same prefix.
     pub prefix_cache: bool,
 }
 
