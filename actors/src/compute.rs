@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use tokenrouter_core::model::{load_backend, KvCapacity, ModelConfig};
+use tokenrouter_core::model::{load_backend, BlockPool, KvCapacity, ModelConfig};
 use tokenrouter_core::sched::{
     Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig,
     SubserverStats,
@@ -93,6 +93,9 @@ pub struct SubserverSnapshot {
 pub(crate) struct Loaded {
     pub config: ModelConfig,
     pub capacity: KvCapacity,
+    /// The model's block pool, where it is in this process (for admission to look
+    /// up cached prefixes).
+    pub pool: Option<BlockPool>,
 }
 
 pub(crate) struct ComputeLinks {
@@ -123,7 +126,11 @@ pub(crate) fn spawn(
                     return;
                 }
             };
-            let _ = loaded_tx.send(Ok(Loaded { config: backend.config().clone(), capacity: backend.kv_capacity() }));
+            let _ = loaded_tx.send(Ok(Loaded {
+                config: backend.config().clone(),
+                capacity: backend.kv_capacity(),
+                pool: Some(backend.kv_pool().clone()),
+            }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
                 let work = ComputeLoop::new(Subserver::new(config, backend, rule), links);
                 match own_pool(spec.load.threads) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use flume::Sender;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokenrouter_core::model::{KvCapacity, ModelConfig};
+use tokenrouter_core::model::{BlockPool, KvCapacity, ModelConfig};
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::planner::Replanner;
 use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId, RequestSpec, SubserverConfig};
@@ -17,7 +17,7 @@ use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, SubserverSnapshot};
 use crate::config::{AdmissionConfig, EngineConfig};
 use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent, Usage};
-use crate::kv_manager::{KvAdmission, KvLedger, KvUsage, Ticket};
+use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, Ticket};
 pub use crate::launch::GenerationStream;
 use crate::launch::{Launch, Reservation, StreamLink};
 use crate::registry::Registry;
@@ -57,9 +57,17 @@ pub struct EngineShared {
     tokenizer_actor: Option<ActorRef<TokenizerMsg>>,
     /// The remote subservers' links, for the dashboard.
     nodes: Vec<Arc<parking_lot::Mutex<NodeStatus>>>,
+    /// Each model's block pool where it is in this process (`None`: a remote model).
+    pools: Vec<Option<BlockPool>>,
 }
 
 impl EngineShared {
+    /// Prompt tokens every model holds cached now (0 if a model cannot say).
+    fn cached_everywhere(&self, prompt: &[u32]) -> usize {
+        let cached = self.pools.iter().map(|p| p.as_ref().map_or(0, |p| p.cached_prefix_tokens(prompt)));
+        cached.min().unwrap_or(0)
+    }
+
     pub fn model_count(&self) -> usize {
         self.names.len()
     }
@@ -224,6 +232,7 @@ impl Engine {
         }
         let configs: Vec<ModelConfig> = loaded.iter().map(|l| l.config.clone()).collect();
         let capacities: Vec<KvCapacity> = loaded.iter().map(|l| l.capacity).collect();
+        let pools: Vec<Option<BlockPool>> = loaded.iter().map(|l| l.pool.clone()).collect();
         let shared_vocab = configs.iter().map(|c| c.vocab_size).min().expect("one model at least");
         let max_context = configs.iter().map(|c| c.max_position_embeddings).min().expect("one model at least");
         peers.set(started.iter().map(|(tx, _, _)| tx.clone()).collect()).ok();
@@ -274,6 +283,7 @@ impl Engine {
             tokenizer,
             tokenizer_actor,
             nodes: front.map(|f| f.statuses).unwrap_or_default(),
+            pools,
         });
         supervised.set(Arc::downgrade(&shared)).ok();
         let replanner = match config.replan {
@@ -318,7 +328,8 @@ impl Engine {
         let submitted = Instant::now();
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let max_tokens = request.max_tokens.min(s.max_context - request.prompt.len());
-        let ticket = s.kv.request(id, request.prompt.len(), max_tokens)?;
+        let need = KvNeed::new(request.prompt.len(), max_tokens).with_cached(s.cached_everywhere(&request.prompt));
+        let ticket = s.kv.request(id, need)?;
         // Until a request actor owns the reservation, dropping this gives it back.
         let reservation = Reservation::new(s.clone(), id);
         let text = self.text_stream(&request)?;

@@ -50,6 +50,25 @@ impl Default for AdmissionConfig {
     }
 }
 
+/// What a request needs of the KV: its prompt, of which `cached` tokens every model
+/// holds in its prefix cache now (shared, so not charged again), and its output bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvNeed {
+    pub prompt: usize,
+    pub cached: usize,
+    pub max_tokens: usize,
+}
+
+impl KvNeed {
+    pub fn new(prompt: usize, max_tokens: usize) -> Self {
+        KvNeed { prompt, cached: 0, max_tokens }
+    }
+
+    pub fn with_cached(self, cached: usize) -> Self {
+        KvNeed { cached: cached.min(self.prompt), ..self }
+    }
+}
+
 /// Whether a request holds its reservation now or waits for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -80,20 +99,23 @@ impl KvLedger {
         }
     }
 
-    /// The tokens a request reserves: its prompt, and its output up to the headroom,
-    /// never more than the smallest model holds (the output grows on demand).
-    pub fn reservation(&self, prompt_len: usize, max_tokens: usize) -> usize {
+    /// The tokens a request reserves: the part of its prompt not already cached, and
+    /// its output up to the headroom, never more than the smallest model holds (the
+    /// output grows on demand; cached blocks that leave before it runs are recomputed
+    /// under the subservers' preemption, as any growth is).
+    pub fn reservation(&self, need: KvNeed) -> usize {
         let smallest = self.capacity.iter().copied().min().unwrap_or(0);
-        (prompt_len + max_tokens.min(self.headroom)).min(smallest).max(prompt_len)
+        let fresh = need.prompt - need.cached.min(need.prompt);
+        (fresh + need.max_tokens.min(self.headroom)).min(smallest).max(fresh)
     }
 
     /// Admits a request, queues it, or refuses it: a prompt (and its first output
     /// token) that no amount of waiting makes fit, or a full queue.
-    pub fn request(&mut self, id: RequestId, prompt_len: usize, max_tokens: usize) -> Result<Admission, EngineError> {
-        if let Some((i, &capacity)) = self.capacity.iter().enumerate().find(|(_, &c)| prompt_len + 1 > c) {
-            return Err(EngineError::TooLarge { needed: prompt_len + 1, capacity, model: self.names[i].clone() });
+    pub fn request(&mut self, id: RequestId, need: KvNeed) -> Result<Admission, EngineError> {
+        if let Some((i, &capacity)) = self.capacity.iter().enumerate().find(|(_, &c)| need.prompt + 1 > c) {
+            return Err(EngineError::TooLarge { needed: need.prompt + 1, capacity, model: self.names[i].clone() });
         }
-        let tokens = self.reservation(prompt_len, max_tokens);
+        let tokens = self.reservation(need);
         if self.waiting.is_empty() && self.fits(tokens) {
             self.hold(id, tokens);
             return Ok(Admission::Admitted);
@@ -166,9 +188,9 @@ impl KvAdmission {
 
     /// Refusals come at once; the returned ticket resolves when the request holds its
     /// reservation or its wait ran out.
-    pub fn request(&self, id: RequestId, prompt_len: usize, max_tokens: usize) -> Result<Ticket, EngineError> {
+    pub fn request(&self, id: RequestId, need: KvNeed) -> Result<Ticket, EngineError> {
         let mut inner = self.inner.lock();
-        match inner.0.request(id, prompt_len, max_tokens)? {
+        match inner.0.request(id, need)? {
             Admission::Admitted => Ok(Ticket::Admitted),
             Admission::Queued => {
                 let (tx, rx) = oneshot::channel();
@@ -232,9 +254,9 @@ mod tests {
     #[test]
     fn waiting_requests_are_admitted_in_arrival_order() {
         let mut l = ledger(&[100, 200], 10, 8);
-        assert_eq!(l.request(1, 50, 10).unwrap(), Admission::Admitted); // 60
-        assert_eq!(l.request(2, 50, 10).unwrap(), Admission::Queued); // 60 more does not fit 100
-        assert_eq!(l.request(3, 5, 1).unwrap(), Admission::Queued, "a small one waits behind the queue");
+        assert_eq!(l.request(1, KvNeed::new(50, 10)).unwrap(), Admission::Admitted); // 60
+        assert_eq!(l.request(2, KvNeed::new(50, 10)).unwrap(), Admission::Queued); // 60 more does not fit 100
+        assert_eq!(l.request(3, KvNeed::new(5, 1)).unwrap(), Admission::Queued, "a small one waits behind the queue");
         assert_eq!(l.release(1), vec![2, 3]);
         assert_eq!(l.usage().reserved_tokens, 66);
         assert!(l.is_admitted(2) && l.is_admitted(3));
@@ -243,9 +265,9 @@ mod tests {
     #[test]
     fn the_oldest_waiter_is_not_overtaken() {
         let mut l = ledger(&[100], 0, 8);
-        l.request(1, 60, 1).unwrap();
-        assert_eq!(l.request(2, 50, 1).unwrap(), Admission::Queued);
-        assert_eq!(l.request(3, 10, 1).unwrap(), Admission::Queued);
+        l.request(1, KvNeed::new(60, 1)).unwrap();
+        assert_eq!(l.request(2, KvNeed::new(50, 1)).unwrap(), Admission::Queued);
+        assert_eq!(l.request(3, KvNeed::new(10, 1)).unwrap(), Admission::Queued);
         l.release(3);
         assert_eq!(l.usage().waiting, 1, "a waiter that gives up leaves the queue");
         assert_eq!(l.release(1), vec![2]);
@@ -254,14 +276,14 @@ mod tests {
     #[test]
     fn only_a_prompt_that_cannot_fit_is_too_large() {
         let mut l = ledger(&[100, 40], 256, 8);
-        match l.request(1, 40, 10_000) {
+        match l.request(1, KvNeed::new(40, 10_000)) {
             Err(EngineError::TooLarge { model, needed, capacity }) => {
                 assert_eq!((model.as_str(), needed, capacity), ("m1", 41, 40));
             }
             other => panic!("{other:?}"),
         }
         // No max_tokens (the whole context) is fine: the reservation is capped.
-        assert_eq!(l.request(2, 30, 32_768).unwrap(), Admission::Admitted);
+        assert_eq!(l.request(2, KvNeed::new(30, 32_768)).unwrap(), Admission::Admitted);
         assert_eq!(l.usage().reserved_tokens, 40);
     }
 
@@ -269,18 +291,34 @@ mod tests {
     fn admission_reserves_headroom_not_max_tokens() {
         let mut worst_case = ledger(&[16_384], usize::MAX, 1000);
         let mut by_use = ledger(&[16_384], 256, 1000);
-        let admitted =
-            |l: &mut KvLedger| (0..100).filter(|&i| l.request(i, 20, 4000).unwrap() == Admission::Admitted).count();
+        let admitted = |l: &mut KvLedger| {
+            (0..100).filter(|&i| l.request(i, KvNeed::new(20, 4000)).unwrap() == Admission::Admitted).count()
+        };
         assert_eq!(admitted(&mut worst_case), 4);
         assert_eq!(admitted(&mut by_use), 59);
     }
 
     #[test]
+    fn a_cached_prompt_is_charged_only_for_what_is_not_shared() {
+        // Agent turns resending a 6,000-token transcript that every model holds cached.
+        let mut l = ledger(&[16_384, 16_384], 256, 1000);
+        let turn = KvNeed::new(6_000, 1024);
+        assert_eq!(l.reservation(turn), 6_256);
+        assert_eq!(l.reservation(turn.with_cached(5_984)), 272);
+        assert_eq!(l.reservation(KvNeed::new(10, 5).with_cached(50)), 5, "never below zero");
+        let admitted = (0..100).filter(|&i| l.request(i, turn.with_cached(5_984)).unwrap() == Admission::Admitted);
+        assert_eq!(admitted.count(), 60, "16,384 / 272");
+        // The prompt must still fit on its own, cached or not.
+        let err = l.request(200, KvNeed::new(20_000, 1).with_cached(19_000)).unwrap_err();
+        assert!(matches!(err, EngineError::TooLarge { needed: 20_001, .. }));
+    }
+
+    #[test]
     fn a_full_queue_refuses_and_double_or_unknown_releases_are_harmless() {
         let mut l = ledger(&[10], 0, 1);
-        l.request(1, 8, 1).unwrap();
-        assert_eq!(l.request(2, 8, 1).unwrap(), Admission::Queued);
-        assert!(matches!(l.request(3, 8, 1), Err(EngineError::QueueFull { limit: 1 })));
+        l.request(1, KvNeed::new(8, 1)).unwrap();
+        assert_eq!(l.request(2, KvNeed::new(8, 1)).unwrap(), Admission::Queued);
+        assert!(matches!(l.request(3, KvNeed::new(8, 1)), Err(EngineError::QueueFull { limit: 1 })));
         assert!(l.release(99).is_empty(), "a request that never arrived");
         assert_eq!(l.release(1), vec![2]);
         assert!(l.release(1).is_empty(), "released twice");
@@ -292,9 +330,9 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_is_woken_by_a_release_and_a_gone_waiter_gives_its_turn_away() {
         let admission = KvAdmission::new(ledger(&[10], 0, 8), Duration::from_secs(5));
-        assert!(matches!(admission.request(1, 8, 1).unwrap(), Ticket::Admitted));
-        let gone = admission.request(2, 8, 1).unwrap();
-        let waiting = admission.request(3, 8, 1).unwrap();
+        assert!(matches!(admission.request(1, KvNeed::new(8, 1)).unwrap(), Ticket::Admitted));
+        let gone = admission.request(2, KvNeed::new(8, 1)).unwrap();
+        let waiting = admission.request(3, KvNeed::new(8, 1)).unwrap();
         drop(gone);
         admission.release(2); // what the request's guard does when its waiter is dropped
         admission.release(1);
@@ -305,8 +343,8 @@ mod tests {
     #[tokio::test]
     async fn a_wait_that_runs_out_is_overloaded() {
         let admission = KvAdmission::new(ledger(&[10], 0, 8), Duration::from_millis(50));
-        admission.request(1, 8, 1).unwrap();
-        let ticket = admission.request(2, 8, 1).unwrap();
+        admission.request(1, KvNeed::new(8, 1)).unwrap();
+        let ticket = admission.request(2, KvNeed::new(8, 1)).unwrap();
         assert!(matches!(ticket.wait().await, Err(EngineError::Overloaded { .. })));
     }
 }

@@ -338,7 +338,7 @@ impl Link {
         });
         if let Some(loaded) = self.loaded.take() {
             tracing::info!(model = %self.name(), "remote subserver up");
-            let _ = loaded.send(Ok(Loaded { config: self.start.model_config.clone(), capacity }));
+            let _ = loaded.send(Ok(Loaded { config: self.start.model_config.clone(), capacity, pool: None }));
             return;
         }
         self.replay_settings();

@@ -270,6 +270,23 @@ impl BlockPool {
         (blocks, keys)
     }
 
+    /// How many leading tokens of `tokens` a new sequence would find cached now, in
+    /// whole blocks before the last token (see [`KvSeq::attach_cached_prefix`]); holds
+    /// nothing, so the blocks may be gone by the time the request runs.
+    pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> usize {
+        let state = self.lock();
+        let Some(index) = state.prefixes.as_ref() else { return 0 };
+        let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
+        let mut parent = ROOT_KEY;
+        let mut found = 0;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let Some((_, key)) = index.find(parent, chunk) else { break };
+            parent = key;
+            found += 1;
+        }
+        found * self.block_size
+    }
+
     /// Offers `sequence`'s full, computed block at `index` to the cache; returns its key.
     fn seal(&self, sequence: u64, index: usize, block: u32, parent: u64, tokens: &[u32]) -> Option<u64> {
         let mut state = self.lock();
