@@ -12,6 +12,7 @@ use super::gguf::GgufType;
 use super::gguf_read::{is_gguf_file, read_gguf_config};
 use super::kv::{BlockPool, KvCapacity, KvSeq};
 use super::transformer::Transformer;
+use super::warmup;
 use super::weights::Checkpoint;
 
 /// One row of a varlen batch: a request's KV handle and the tokens to feed at
@@ -230,7 +231,12 @@ impl CandleBackend {
         let blocks = options.kv_budget_bytes / block_bytes;
         let store = PagedKvStore::new(model.config(), blocks, options.block_size);
         let pool = BlockPool::new(blocks, options.block_size);
-        Ok(CandleBackend { model, store, pool })
+        let mut backend = CandleBackend { model, store, pool };
+        if let Some(shape) = warmup::enabled_shape() {
+            backend.store.commit_pages();
+            warmup::run(&mut backend, shape)?;
+        }
+        Ok(backend)
     }
 
     pub fn dtype(&self) -> DType {

@@ -21,6 +21,7 @@ pub mod rope;
 pub mod sampler;
 pub mod threads;
 pub mod transformer;
+pub mod warmup;
 pub mod weights;
 
 pub use backend::{
