@@ -292,8 +292,8 @@ impl Backend for CandleBackend {
         Ok(ForwardOutput {
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            logits: out.logits.flatten_all()?.to_vec1()?,
-            hidden: out.hidden.map(|h| h.flatten_all().and_then(|h| h.to_vec1())).transpose()?,
+            logits: out.logits,
+            hidden: out.hidden,
         })
     }
 }
