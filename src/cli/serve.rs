@@ -129,9 +129,9 @@ async fn start_generator(
 }
 
 /// With backtraces on (`RUST_BACKTRACE`), the first panic reads the binary's debug info
-/// to print its trace, and std keeps what it parsed for the life of the process: ~190
-/// MiB on the demo, measured. Symbolizing one trace now puts that in the footprint
-/// before serving rather than at the first (say, injected) fault.
+/// to print its trace, and std keeps what it parsed for the life of the process (187 MiB
+/// measured on the demo). Symbolizing one trace now puts that in the footprint before
+/// serving rather than at the first (say, injected) fault.
 fn load_backtrace_symbols() {
     let enabled = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
     if enabled {
