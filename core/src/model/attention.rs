@@ -34,6 +34,23 @@ impl PagedKvStore {
         PagedKvStore { block_size, kv_heads: config.num_kv_heads, head_dim: config.head_dim, layers }
     }
 
+    /// Writes one value per page of every K/V buffer, so the whole store is resident
+    /// now: RSS shows the configured KV budget from the start, rather than growing as
+    /// blocks are first used under load.
+    pub fn commit_pages(&mut self) {
+        const FLOATS_PER_PAGE: usize = 4096 / std::mem::size_of::<f32>();
+        for layer in &mut self.layers {
+            for buffer in [&mut layer.k, &mut layer.v] {
+                for value in buffer.iter_mut().step_by(FLOATS_PER_PAGE) {
+                    // Volatile: a plain store of zero into zeroed (calloc'd) memory may be
+                    // optimized away, and then the page is never touched.
+                    // SAFETY: `value` is a valid, aligned, exclusive reference.
+                    unsafe { std::ptr::write_volatile(value, 0.0) };
+                }
+            }
+        }
+    }
+
     fn offset(&self, block: u32, kv_head: usize, slot: usize) -> usize {
         ((block as usize * self.kv_heads + kv_head) * self.block_size + slot) * self.head_dim
     }

@@ -12,6 +12,7 @@ use super::gguf::GgufType;
 use super::gguf_read::{is_gguf_file, read_gguf_config};
 use super::kv::{BlockPool, KvCapacity, KvSeq};
 use super::transformer::Transformer;
+use super::warmup;
 use super::weights::Checkpoint;
 
 /// One row of a varlen batch: a request's KV handle and the tokens to feed at
@@ -236,7 +237,12 @@ impl CandleBackend {
             true => BlockPool::caching_prefixes(blocks, options.block_size),
             false => BlockPool::new(blocks, options.block_size),
         };
-        Ok(CandleBackend { model, store, pool })
+        let mut backend = CandleBackend { model, store, pool };
+        if let Some(shape) = warmup::enabled_shape() {
+            backend.store.commit_pages();
+            warmup::run(&mut backend, shape)?;
+        }
+        Ok(backend)
     }
 
     pub fn dtype(&self) -> DType {
@@ -292,8 +298,8 @@ impl Backend for CandleBackend {
         Ok(ForwardOutput {
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            logits: out.logits.flatten_all()?.to_vec1()?,
-            hidden: out.hidden.map(|h| h.flatten_all().and_then(|h| h.to_vec1())).transpose()?,
+            logits: out.logits,
+            hidden: out.hidden,
         })
     }
 }

@@ -25,6 +25,7 @@ pub mod sampler;
 pub mod sequence_map;
 pub mod threads;
 pub mod transformer;
+pub mod warmup;
 pub mod weights;
 
 pub use backend::{

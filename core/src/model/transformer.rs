@@ -32,8 +32,10 @@ pub struct Transformer {
 /// What one forward produces: per row, the last position's logits and, when asked,
 /// the last position's final hidden state (after the final norm).
 pub struct StackOutput {
-    pub logits: Tensor,
-    pub hidden: Option<Tensor>,
+    /// Row-major, rows × vocabulary.
+    pub logits: Vec<f32>,
+    /// Row-major, rows × hidden size.
+    pub hidden: Option<Vec<f32>>,
 }
 
 impl Transformer {
@@ -83,8 +85,8 @@ impl Transformer {
         let last = Tensor::from_slice(last, last.len(), &Device::Cpu)?;
         let x = x.index_select(&last, 0)?;
         let h = candle_nn::ops::rms_norm(&x, &self.final_norm, self.eps())?;
-        let logits = self.lm_head.forward(&h)?.to_dtype(DType::F32)?;
-        let hidden = if want_hidden { Some(h.to_dtype(DType::F32)?) } else { None };
+        let logits = self.lm_head.forward_to_vec(&h)?;
+        let hidden = if want_hidden { Some(h.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?) } else { None };
         Ok(StackOutput { logits, hidden })
     }
 
