@@ -107,7 +107,8 @@ pub fn is_idle(stats: &Value) -> bool {
     count(&stats["active_requests"]) == 0 && ready == 0
 }
 
-/// Polls the stats until the server is idle or `wait` has passed, and reports the last reading.
+/// Polls the stats until the server is idle and holds nothing, or `wait` has passed,
+/// and reports the last reading: what is still held after the whole wait is left over.
 pub async fn check_leaks(client: &Client, wait: Duration) -> LeakCheck {
     let start = Instant::now();
     loop {
@@ -116,8 +117,9 @@ pub async fn check_leaks(client: &Client, wait: Duration) -> LeakCheck {
             Ok(stats) => stats,
             Err(e) => return LeakCheck::failed(e, waited_s),
         };
-        if is_idle(&stats) || start.elapsed() >= wait {
-            return LeakCheck::from_stats(&stats, waited_s);
+        let check = LeakCheck::from_stats(&stats, waited_s);
+        if (check.idle && check.clean) || start.elapsed() >= wait {
+            return check;
         }
         tokio::time::sleep(POLL_EVERY).await;
     }
