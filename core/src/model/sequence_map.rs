@@ -65,7 +65,7 @@ impl SequenceMap {
         if let Some(id) = self.id_of(sequence) {
             return Some(id);
         }
-        let id = self.fresh_id(cells, pool, &HashSet::new())?;
+        let id = self.fresh_id(cells, pool, &[])?;
         self.id_of.insert(sequence, id);
         Some(id)
     }
@@ -75,8 +75,7 @@ impl SequenceMap {
         for (i, event) in events.iter().enumerate() {
             match event {
                 KvEvent::Trim { sequence, from, dropped } => {
-                    let protect = self.homes_attached_by(&events[i + 1..]);
-                    self.trim(*sequence, *from, *dropped, cells, pool, &protect);
+                    self.trim(*sequence, *from, *dropped, cells, pool, &events[i + 1..]);
                 }
                 KvEvent::Seal { sequence, block, index } => match self.id_of(*sequence) {
                     Some(id) => self.make_home(*block, id, *index),
@@ -84,8 +83,7 @@ impl SequenceMap {
                     None => pool.uncache(&[*block]),
                 },
                 KvEvent::Attach { sequence, blocks } => {
-                    let protect = self.homes_attached_by(&events[i..]);
-                    self.attach(*sequence, blocks, cells, pool, &protect)?;
+                    self.attach(*sequence, blocks, cells, pool, &events[i..])?;
                 }
                 KvEvent::Uncache { block } => self.uncache(*block, cells),
             }
@@ -104,11 +102,11 @@ impl SequenceMap {
         blocks: &[u32],
         cells: &mut impl SequenceCells,
         pool: &BlockPool,
-        protect: &HashSet<i32>,
+        pending: &[KvEvent],
     ) -> Result<()> {
         let id = match self.id_of(sequence) {
             Some(id) => id,
-            None => self.fresh_id(cells, pool, protect).ok_or_else(|| {
+            None => self.fresh_id(cells, pool, pending).ok_or_else(|| {
                 ModelError::BadBatch("no sequence id is free for a request that reuses cached K/V".into())
             })?,
         };
@@ -143,7 +141,7 @@ impl SequenceMap {
         dropped: bool,
         cells: &mut impl SequenceCells,
         pool: &BlockPool,
-        protect: &HashSet<i32>,
+        pending: &[KvEvent],
     ) {
         let Some(id) = self.id_of(sequence) else { return };
         let bs = self.block_size;
@@ -159,7 +157,7 @@ impl SequenceMap {
         self.id_of.remove(&sequence);
         if !dropped && from > 0 {
             // The request goes on under a new id sharing its surviving prefix.
-            match self.fresh_id(cells, pool, protect) {
+            match self.fresh_id(cells, pool, pending) {
                 Some(next) => {
                     cells.share(id, next, 0, from);
                     self.id_of.insert(sequence, next);
@@ -219,11 +217,13 @@ impl SequenceMap {
         }
     }
 
-    /// A free id, or the oldest zombie's (not one in `protect`), its blocks leaving the cache.
-    fn fresh_id(&mut self, cells: &mut impl SequenceCells, pool: &BlockPool, protect: &HashSet<i32>) -> Option<i32> {
+    /// A free id, or the oldest zombie's, its blocks leaving the cache; never a zombie
+    /// whose blocks an attach among the `pending` events still has to read.
+    fn fresh_id(&mut self, cells: &mut impl SequenceCells, pool: &BlockPool, pending: &[KvEvent]) -> Option<i32> {
         if let Some(id) = self.free.pop() {
             return Some(id);
         }
+        let protect = self.homes_attached_by(pending);
         let pos = self.zombies.iter().position(|z| !protect.contains(z))?;
         let zombie = self.zombies.remove(pos).expect("position is in range");
         let blocks: Vec<u32> = self.homes.remove(&zombie).map(|h| h.into_values().collect()).unwrap_or_default();
