@@ -101,13 +101,9 @@ fn import(args: ImportArgs) -> anyhow::Result<()> {
         .with_context(|| format!("importing {} into {}", args.gguf.display(), args.out.display()))?;
     let c = &report.config;
     println!(
-        "wrote {} ({} {:.1}M parameters, hidden {}, {} layers, vocab {}; {} tensors from {} as {}; pre-tokenizer {:?})",
+        "wrote {} ({}; {} tensors from {} as {}; pre-tokenizer {:?})",
         args.out.display(),
-        c.arch.hf_class(),
-        c.num_parameters() as f64 / 1e6,
-        c.hidden_size,
-        c.num_layers,
-        c.vocab_size,
+        shape_summary(c),
         report.tensors,
         report.source_types.join("/"),
         args.dtype.as_str(),
@@ -124,15 +120,7 @@ fn init(args: InitArgs) -> anyhow::Result<()> {
         let copied = copy_tokenizer(tok, &args.out)?;
         println!("copied {}", copied.join(", "));
     }
-    println!(
-        "wrote {} ({} {:.1}M parameters, hidden {}, {} layers, vocab {})",
-        args.out.display(),
-        config.arch.hf_class(),
-        config.num_parameters() as f64 / 1e6,
-        config.hidden_size,
-        config.num_layers,
-        config.vocab_size
-    );
+    println!("wrote {} ({})", args.out.display(), shape_summary(&config));
     Ok(())
 }
 
@@ -180,4 +168,16 @@ fn config_from(args: &InitArgs) -> anyhow::Result<ModelConfig> {
     let config = presets::with_arch(config, arch);
     // Validate through the same parser that loads checkpoints.
     ModelConfig::from_json(&config.to_hf_json().to_string()).map_err(anyhow::Error::msg)
+}
+
+/// "Qwen3ForCausalLM 9.8M parameters, hidden 64, 2 layers, vocab 151936".
+fn shape_summary(c: &ModelConfig) -> String {
+    format!(
+        "{} {:.1}M parameters, hidden {}, {} layers, vocab {}",
+        c.arch.hf_class(),
+        c.num_parameters() as f64 / 1e6,
+        c.hidden_size,
+        c.num_layers,
+        c.vocab_size
+    )
 }
