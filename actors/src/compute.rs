@@ -312,7 +312,7 @@ impl ComputeLoop {
             }
             None => {}
         }
-        let leaked = self.sub.backend().kv_capacity().used_blocks();
+        let leaked = self.sub.backend().kv_capacity().used_blocks;
         if leaked > 0 && self.sub.resident_ids().is_empty() {
             tracing::error!(model = %name, leaked, "KV blocks did not come back after the panic");
         }
@@ -403,7 +403,7 @@ impl ComputeLoop {
                 .set(st.handoffs_out as f64 / decided as f64);
         }
         let kv = self.sub.backend().kv_capacity();
-        metrics::gauge!("tokenrouter_kv_blocks_used", "model" => model.clone()).set(kv.used_blocks() as f64);
+        metrics::gauge!("tokenrouter_kv_blocks_used", "model" => model.clone()).set(kv.used_blocks as f64);
         metrics::gauge!("tokenrouter_kv_blocks_total", "model" => model.clone()).set(kv.total_blocks as f64);
         metrics::gauge!("tokenrouter_kv_blocks_cached", "model" => model.clone()).set(kv.cached_blocks as f64);
         metrics::counter!("tokenrouter_prefix_cache_lookup_tokens_total", "model" => model.clone())

@@ -18,6 +18,7 @@ use crate::config::{AdmissionConfig, EngineConfig};
 use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent, Usage};
 use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, Ticket};
+use crate::kv_sharing::share_colocated_kv;
 pub use crate::launch::GenerationStream;
 use crate::launch::{Launch, Reservation, StreamLink};
 use crate::registry::Registry;
@@ -208,8 +209,15 @@ impl Engine {
             Some(c) => Some(remote::FrontCluster::start(c, &config.models).await?),
             None => None,
         };
+        let mut models = config.models.clone();
+        let shared_pages = match config.admission.share_kv {
+            true => {
+                share_colocated_kv(&mut models, |m| front.as_ref().is_none_or(|f| f.remote_for(&m.name).is_none()))?
+            }
+            false => None,
+        };
         let mut started = Vec::new();
-        for spec in &config.models {
+        for spec in &models {
             let links = ComputeLinks {
                 name: spec.name.clone(),
                 model_names: config.models.iter().map(|m| m.name.clone()).collect(),
@@ -251,8 +259,11 @@ impl Engine {
         for name in &names {
             tracing::info!(model = %name, "subserver up");
         }
-        let ledger =
+        let mut ledger =
             KvLedger::new(names.clone(), capacities.iter().map(|c| c.total_tokens()).collect(), &config.admission);
+        if let Some(pages) = shared_pages {
+            ledger = ledger.with_shared_pages(pages);
+        }
         let kv = KvAdmission::new(ledger, config.admission.kv_wait_timeout);
         let tokenizer = shared_tokenizer(&config)?;
         let tokenizer_actor = match &tokenizer {

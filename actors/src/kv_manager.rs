@@ -19,10 +19,50 @@ use crate::error::EngineError;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KvUsage {
+    /// What each model holds at most (alone on its budget, when it shares one).
     pub capacity_tokens: Vec<usize>,
     pub reserved_tokens: usize,
     pub admitted: usize,
     pub waiting: usize,
+    /// The storage pages colocated models share, and how many admitted requests reserve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_pages: Option<SharedPagesUsage>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SharedPagesUsage {
+    pub total: usize,
+    pub reserved: usize,
+}
+
+/// Models that draw K/V pages from one budget: a request reserves, on that budget,
+/// the pages each of them needs for its tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPages {
+    pub total: usize,
+    /// (model index, tokens per block, pages per block).
+    pub members: Vec<(usize, usize, usize)>,
+}
+
+impl SharedPages {
+    /// Pages `tokens` take on every member.
+    fn pages_for(&self, tokens: usize) -> usize {
+        self.members.iter().map(|&(_, block, pages)| tokens.div_ceil(block) * pages).sum()
+    }
+
+    /// The most tokens a request can hold on every member at once.
+    fn joint_tokens(&self) -> usize {
+        let (mut low, mut high) = (0, self.total.saturating_mul(self.members.iter().map(|m| m.1).max().unwrap_or(1)));
+        while low < high {
+            let mid = low + (high - low).div_ceil(2);
+            if self.pages_for(mid) <= self.total {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        low
+    }
 }
 
 /// How requests are admitted.
@@ -37,6 +77,9 @@ pub struct AdmissionConfig {
     /// Longest a request may run from submission, waiting included; `None`: no limit
     /// besides the one a request brings.
     pub request_timeout: Option<Duration>,
+    /// Colocated candle models share one K/V budget (the sum of theirs), split by
+    /// demand; off: each keeps its own `kv_budget_bytes`.
+    pub share_kv: bool,
 }
 
 impl Default for AdmissionConfig {
@@ -46,6 +89,7 @@ impl Default for AdmissionConfig {
             max_waiting: 1024,
             kv_wait_timeout: Duration::from_secs(60),
             request_timeout: None,
+            share_kv: true,
         }
     }
 }
@@ -82,8 +126,17 @@ pub struct KvLedger {
     headroom: usize,
     max_waiting: usize,
     reserved: usize,
-    reservations: HashMap<RequestId, usize>,
-    waiting: VecDeque<(RequestId, usize)>,
+    reservations: HashMap<RequestId, Reservation>,
+    waiting: VecDeque<(RequestId, Reservation)>,
+    shared: Option<SharedPages>,
+    reserved_pages: usize,
+}
+
+/// What one request holds: tokens on every model, and pages of the shared budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reservation {
+    tokens: usize,
+    pages: usize,
 }
 
 impl KvLedger {
@@ -96,7 +149,28 @@ impl KvLedger {
             reserved: 0,
             reservations: HashMap::new(),
             waiting: VecDeque::new(),
+            shared: None,
+            reserved_pages: 0,
         }
+    }
+
+    /// Colocated models draw from one budget of pages: reservations on them are
+    /// counted there, by what each member needs, rather than per model.
+    pub fn with_shared_pages(mut self, shared: SharedPages) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    fn is_shared(&self, model: usize) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.members.iter().any(|m| m.0 == model))
+    }
+
+    /// The most tokens a request can reserve: what the smallest unshared model holds,
+    /// and what the shared budget holds on all its members at once.
+    fn most_tokens(&self) -> usize {
+        let unshared = (0..self.capacity.len()).filter(|&m| !self.is_shared(m)).map(|m| self.capacity[m]);
+        let joint = self.shared.as_ref().map(SharedPages::joint_tokens);
+        unshared.chain(joint).min().unwrap_or(0)
     }
 
     /// The tokens a request reserves: the part of its prompt not already cached, and
@@ -104,9 +178,17 @@ impl KvLedger {
     /// output grows on demand; cached blocks that leave before it runs are recomputed
     /// under the subservers' preemption, as any growth is).
     pub fn reservation(&self, need: KvNeed) -> usize {
-        let smallest = self.capacity.iter().copied().min().unwrap_or(0);
         let fresh = need.prompt - need.cached.min(need.prompt);
-        (fresh + need.max_tokens.min(self.headroom)).min(smallest).max(fresh)
+        (fresh + need.max_tokens.min(self.headroom)).min(self.most_tokens()).max(fresh)
+    }
+
+    /// [`reservation`](Self::reservation) with the shared pages it takes (at most all
+    /// of them: a prompt that fits each model alone is admitted when the budget is
+    /// empty, and the subservers evict pending KV to run it).
+    fn reserve_for(&self, need: KvNeed) -> Reservation {
+        let tokens = self.reservation(need);
+        let pages = self.shared.as_ref().map_or(0, |s| s.pages_for(tokens).min(s.total));
+        Reservation { tokens, pages }
     }
 
     /// Admits a request, queues it, or refuses it: a prompt (and its first output
@@ -115,23 +197,24 @@ impl KvLedger {
         if let Some((i, &capacity)) = self.capacity.iter().enumerate().find(|(_, &c)| need.prompt + 1 > c) {
             return Err(EngineError::TooLarge { needed: need.prompt + 1, capacity, model: self.names[i].clone() });
         }
-        let tokens = self.reservation(need);
-        if self.waiting.is_empty() && self.fits(tokens) {
-            self.hold(id, tokens);
+        let wanted = self.reserve_for(need);
+        if self.waiting.is_empty() && self.fits(wanted) {
+            self.hold(id, wanted);
             return Ok(Admission::Admitted);
         }
         if self.waiting.len() >= self.max_waiting {
             return Err(EngineError::QueueFull { limit: self.max_waiting });
         }
-        self.waiting.push_back((id, tokens));
+        self.waiting.push_back((id, wanted));
         Ok(Admission::Queued)
     }
 
     /// The request ended or gave up waiting (either is fine, and so is a second
     /// release); returns the waiting requests this admitted, oldest first.
     pub fn release(&mut self, id: RequestId) -> Vec<RequestId> {
-        if let Some(tokens) = self.reservations.remove(&id) {
-            self.reserved -= tokens;
+        if let Some(held) = self.reservations.remove(&id) {
+            self.reserved -= held.tokens;
+            self.reserved_pages -= held.pages;
         }
         self.waiting.retain(|(w, _)| *w != id);
         self.admit_waiting()
@@ -147,28 +230,35 @@ impl KvLedger {
             reserved_tokens: self.reserved,
             admitted: self.reservations.len(),
             waiting: self.waiting.len(),
+            shared_pages: self
+                .shared
+                .as_ref()
+                .map(|s| SharedPagesUsage { total: s.total, reserved: self.reserved_pages }),
         }
     }
 
-    fn fits(&self, tokens: usize) -> bool {
-        self.capacity.iter().all(|&c| self.reserved + tokens <= c)
+    fn fits(&self, wanted: Reservation) -> bool {
+        let unshared = (0..self.capacity.len()).filter(|&m| !self.is_shared(m));
+        let tokens_fit = unshared.map(|m| self.capacity[m]).all(|c| self.reserved + wanted.tokens <= c);
+        tokens_fit && self.shared.as_ref().is_none_or(|s| self.reserved_pages + wanted.pages <= s.total)
     }
 
-    fn hold(&mut self, id: RequestId, tokens: usize) {
-        self.reserved += tokens;
-        self.reservations.insert(id, tokens);
+    fn hold(&mut self, id: RequestId, wanted: Reservation) {
+        self.reserved += wanted.tokens;
+        self.reserved_pages += wanted.pages;
+        self.reservations.insert(id, wanted);
     }
 
     /// Admits from the front of the queue while the oldest fits (first come, first
     /// served: a small request does not overtake a large one forever).
     fn admit_waiting(&mut self) -> Vec<RequestId> {
         let mut admitted = Vec::new();
-        while let Some(&(id, tokens)) = self.waiting.front() {
-            if !self.fits(tokens) {
+        while let Some(&(id, wanted)) = self.waiting.front() {
+            if !self.fits(wanted) {
                 break;
             }
             self.waiting.pop_front();
-            self.hold(id, tokens);
+            self.hold(id, wanted);
             admitted.push(id);
         }
         admitted
@@ -311,6 +401,40 @@ mod tests {
         // The prompt must still fit on its own, cached or not.
         let err = l.request(200, KvNeed::new(20_000, 1).with_cached(19_000)).unwrap_err();
         assert!(matches!(err, EngineError::TooLarge { needed: 20_001, .. }));
+    }
+
+    /// The demo pair on 512 MiB of 8 KiB pages: the small model's 16-token block takes
+    /// one page, the large model's 32.
+    fn demo_shared() -> SharedPages {
+        SharedPages { total: 65_536, members: vec![(0, 16, 1), (1, 16, 32)] }
+    }
+
+    #[test]
+    fn a_shared_budget_admits_by_what_each_member_needs() {
+        let shared = demo_shared();
+        assert_eq!(shared.pages_for(276), 18 * 33);
+        assert_eq!(shared.joint_tokens(), 65_536 / 33 * 16, "whole blocks on both models");
+        let config = AdmissionConfig { output_headroom: 256, max_waiting: 1000, ..AdmissionConfig::default() };
+        let names = vec!["small".to_string(), "large".to_string()];
+        // The same 512 MiB split 256/256 between the models, or shared.
+        let mut split = KvLedger::new(names.clone(), vec![524_288, 16_384], &config);
+        let mut joint = KvLedger::new(names, vec![1_048_576, 32_768], &config).with_shared_pages(shared);
+        let admitted = |l: &mut KvLedger| {
+            (0..1000).filter(|&i| l.request(i, KvNeed::new(20, 4000)).unwrap() == Admission::Admitted).count()
+        };
+        assert_eq!(admitted(&mut split), 59);
+        assert_eq!(admitted(&mut joint), 65_536 / 594, "the large model gets the pages the small one does not use");
+        assert_eq!(joint.usage().shared_pages, Some(SharedPagesUsage { total: 65_536, reserved: 110 * 594 }));
+        // A prompt that fits the large model alone waits for the whole budget, not forever.
+        let mut ledger = KvLedger::new(vec!["s".into(), "l".into()], vec![1_048_576, 32_768], &config)
+            .with_shared_pages(demo_shared());
+        assert_eq!(ledger.request(1, KvNeed::new(32_000, 1)).unwrap(), Admission::Admitted);
+        assert_eq!(ledger.usage().shared_pages.unwrap().reserved, 65_536);
+        assert_eq!(ledger.request(2, KvNeed::new(10, 1)).unwrap(), Admission::Queued);
+        assert_eq!(ledger.release(1), vec![2]);
+        ledger.release(2);
+        assert_eq!(ledger.usage().shared_pages.unwrap().reserved, 0);
+        assert!(matches!(ledger.request(3, KvNeed::new(32_768, 1)), Err(EngineError::TooLarge { .. })));
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod kv_manager;
+mod kv_sharing;
 mod launch;
 mod registry;
 pub mod remote;

@@ -160,8 +160,9 @@ async fn check_against_reference(m: &Models, policy: Arc<dyn Policy>, cases: &[(
             let gap = m.greedy_gap.unwrap_or(1e-4);
             want[&i].check(&tokens, gap).unwrap_or_else(|e| panic!("request {i}, thresholds {thresholds:?}: {e}"));
         }
+        // A shared budget's free blocks count every model's use: wait for all releases.
+        wait_until_everything_is_freed(&engine).await;
         let stats = engine.stats().await;
-        assert!(stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks), "{stats:?}");
         assert!(stats.iter().all(|s| s.stats.handoffs_in > 0), "{stats:?}");
         engine.shutdown().await;
     }
@@ -189,6 +190,57 @@ async fn rstitch_serving_equals_the_sequential_reference() {
 async fn ensemble_of_three_serving_equals_the_sequential_reference() {
     let me = policy("me", serde_json::json!({ "weights": [0.5, 0.3, 0.2] }), 3);
     check_against_reference(&models(&[48, 64, 80]), me, &cases(3)).await;
+}
+
+/// The pair on one K/V budget of 128 pages (block 8: two pages per block of m0, three
+/// of m1), enough for three of these requests at once: 16 concurrent routed requests
+/// wait their turn, and cached prefixes of either model are evicted for the other's
+/// new K/V. Outputs still equal the reference, and every page comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tight_shared_kv_budget_serves_routed_requests_as_the_reference_does() {
+    let mut m = models(&[48, 64]);
+    // Segments (a head's 8 keys or values) of 96 and 128 values: pages of 384.
+    let page_bytes = 384 * 4;
+    for load in &mut m.load {
+        load.kv_budget_bytes = 64 * page_bytes;
+    }
+    let engine = Engine::start(engine_config(&m, random(0.3), &[1, 1])).await.unwrap();
+    let stats = engine.stats().await;
+    assert!(stats.iter().all(|s| s.kv.shared_with == 1), "{stats:?}");
+    assert_eq!((stats[0].kv.total_blocks, stats[1].kv.total_blocks), (64, 42), "either may take every page");
+    assert_eq!(engine.kv_usage().await.unwrap().shared_pages.map(|p| p.total), Some(128));
+    engine.shutdown().await;
+    check_against_reference(&m, random(0.3), &cases(2)).await;
+}
+
+/// Sharing moves memory to the model that needs it: m1's own half cannot hold this
+/// prompt, the budget both models bring can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_kv_budget_holds_a_prompt_that_one_models_half_cannot() {
+    let mut m = models(&[48, 64]);
+    // m1: 2 layers x K/V x 2 heads x 16 values = 128 values, 512 bytes a token.
+    for load in &mut m.load {
+        load.kv_budget_bytes = 500 * 512;
+    }
+    let mut r = request(0);
+    r.prompt = (0..600).map(|k| (k * 7 % VOCAB) as u32).collect();
+    r.max_tokens = 8;
+    let large = || policy("always", serde_json::json!({ "model": 1 }), 2);
+    let mut split = engine_config(&m, large(), &[1, 1]);
+    split.admission.share_kv = false;
+    let engine = Engine::start(split).await.unwrap();
+    let refused = engine.generate(r.clone()).await.err().expect("500 tokens of room cannot take 600");
+    assert!(refused.to_string().contains("m1"), "{refused}");
+    engine.shutdown().await;
+
+    let engine = Engine::start(engine_config(&m, large(), &[1, 1])).await.unwrap();
+    let mut plain = CandleBackend::load(m.dirs[1].path(), &load_options()).unwrap();
+    let want = generate(&mut plain, &r.prompt, r.max_tokens, &r.sampling, &[]).unwrap().token_ids();
+    let (tokens, end) = collect(&engine, r).await;
+    assert!(matches!(end, GenerationEvent::Finished { .. }), "{end:?}");
+    assert_eq!(tokens.iter().map(|t| t.0).collect::<Vec<_>>(), want);
+    wait_until_everything_is_freed(&engine).await;
+    engine.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,10 +28,17 @@ fn case(rows: usize, context: usize, new: usize) {
     let (h, kvh, d) = (c.num_heads, c.num_kv_heads, c.head_dim);
     let bs = 16;
     let blocks_per_row = (context + new).div_ceil(bs);
-    let mut store = PagedKvStore::new(&c, rows * blocks_per_row + 1, bs);
+    let mut store = PagedKvStore::alone(&c, rows * blocks_per_row + 1, bs, false);
     let rope = Rope::new(&c);
-    let row_blocks: Vec<Vec<u32>> =
-        (0..rows).map(|r| (0..blocks_per_row).map(|b| (r * blocks_per_row + b) as u32).collect()).collect();
+    let sequences: Vec<_> = (0..rows)
+        .map(|_| {
+            let mut seq = store.pool().new_sequence();
+            seq.reserve(context + new).unwrap();
+            seq
+        })
+        .collect();
+    store.sync();
+    let row_blocks: Vec<Vec<u32>> = sequences.iter().map(|s| s.blocks().to_vec()).collect();
     let (mut row_of, mut pos, mut slot) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rows {
         for i in 0..new {

@@ -25,6 +25,10 @@ pub struct AdmissionSection {
     /// Longest a request may run from submission, in seconds (absent: no limit).
     #[serde(default)]
     pub request_timeout_s: Option<f64>,
+    /// The candle models served in this process share one K/V budget, the sum of
+    /// their `kv_budget_mib`, split by demand; `false`: each keeps its own.
+    #[serde(default = "defaults::share_kv")]
+    pub share_kv: bool,
 }
 
 impl Default for AdmissionSection {
@@ -34,6 +38,7 @@ impl Default for AdmissionSection {
             max_waiting: defaults::max_waiting(),
             kv_wait_timeout_s: defaults::kv_wait_timeout_s(),
             request_timeout_s: None,
+            share_kv: defaults::share_kv(),
         }
     }
 }
@@ -45,6 +50,7 @@ impl AdmissionSection {
             max_waiting: self.max_waiting,
             kv_wait_timeout: Duration::from_secs_f64(self.kv_wait_timeout_s.max(0.0)),
             request_timeout: self.request_timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0))),
+            share_kv: self.share_kv,
         }
     }
 
@@ -87,5 +93,9 @@ mod defaults {
 
     pub fn kv_wait_timeout_s() -> f64 {
         AdmissionConfig::default().kv_wait_timeout.as_secs_f64()
+    }
+
+    pub fn share_kv() -> bool {
+        AdmissionConfig::default().share_kv
     }
 }

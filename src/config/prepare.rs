@@ -89,6 +89,7 @@ impl ServerConfig {
                     backend: m.backend,
                     threads: m.threads,
                     prefix_cache: m.prefix_cache,
+                    shared_kv: None,
                 },
             })
             .collect();

@@ -324,6 +324,8 @@ impl Link {
             total_blocks: w.total_blocks,
             free_blocks: w.free_blocks,
             cached_blocks: 0,
+            used_blocks: w.total_blocks - w.free_blocks,
+            shared_with: 0,
         };
         self.snapshot.get_or_insert_with(|| SubserverSnapshot {
             model: self.start.remote.model.clone(),

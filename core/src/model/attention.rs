@@ -4,55 +4,84 @@
 //! so one head's keys inside a block are contiguous. Attention walks each row's block
 //! table; nothing is gathered or copied per step.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::config::ModelConfig;
+use super::kv::BlockPool;
+use super::kv_arena::{KvArena, KvGeometry};
 use super::rope::{rotate, Rope};
 
 /// Largest block size the attention kernel's per-block score buffer holds.
 pub const MAX_BLOCK_SIZE: usize = 128;
 
+/// One model's view of paged K/V storage: its blocks' pages in a [`KvArena`] (its own
+/// or shared with colocated models), and where each (layer, K or V, head) segment of a
+/// block lies in them. One head's keys inside a block are contiguous.
 pub struct PagedKvStore {
     block_size: usize,
     kv_heads: usize,
     head_dim: usize,
-    layers: Vec<LayerCache>,
-}
-
-struct LayerCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    arena: Arc<KvArena>,
+    pool: BlockPool,
+    pages_per_block: usize,
+    segments_per_page: usize,
+    segment_floats: usize,
+    /// `pages_per_block` page ids per block id, as the pool last gave them.
+    pages: Vec<u32>,
 }
 
 impl PagedKvStore {
-    pub fn new(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
+    /// A store on `pool`'s pages of `arena`: the pool decides which blocks hold which
+    /// pages, and the store follows (see [`sync`](Self::sync)).
+    pub fn new(config: &ModelConfig, block_size: usize, arena: Arc<KvArena>, pool: BlockPool) -> Self {
         assert!(block_size > 0 && block_size <= MAX_BLOCK_SIZE);
-        let per_layer = num_blocks * config.num_kv_heads * block_size * config.head_dim;
-        // vec![0.0; n] is calloc: pages are committed only when a block is first written.
-        let layers =
-            (0..config.num_layers).map(|_| LayerCache { k: vec![0.0; per_layer], v: vec![0.0; per_layer] }).collect();
-        PagedKvStore { block_size, kv_heads: config.num_kv_heads, head_dim: config.head_dim, layers }
-    }
-
-    /// Writes one value per page of every K/V buffer, so the whole store is resident
-    /// now: RSS shows the configured KV budget from the start, rather than growing as
-    /// blocks are first used under load.
-    pub fn commit_pages(&mut self) {
-        const FLOATS_PER_PAGE: usize = 4096 / std::mem::size_of::<f32>();
-        for layer in &mut self.layers {
-            for buffer in [&mut layer.k, &mut layer.v] {
-                for value in buffer.iter_mut().step_by(FLOATS_PER_PAGE) {
-                    // Volatile: a plain store of zero into zeroed (calloc'd) memory may be
-                    // optimized away, and then the page is never touched.
-                    // SAFETY: `value` is a valid, aligned, exclusive reference.
-                    unsafe { std::ptr::write_volatile(value, 0.0) };
-                }
-            }
+        let geometry = KvGeometry::new(config, block_size);
+        let pages_per_block = geometry.pages_per_block(arena.page_floats());
+        assert_eq!(pages_per_block, pool.pages_per_block(), "the pool was planned for another page size");
+        let blocks = pool.capacity().total_blocks;
+        PagedKvStore {
+            block_size,
+            kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+            segments_per_page: arena.page_floats() / geometry.segment_floats(),
+            segment_floats: geometry.segment_floats(),
+            pages_per_block,
+            pages: vec![0; blocks * pages_per_block],
+            arena,
+            pool,
         }
     }
 
-    fn offset(&self, block: u32, kv_head: usize, slot: usize) -> usize {
-        ((block as usize * self.kv_heads + kv_head) * self.block_size + slot) * self.head_dim
+    /// A store with an arena of its own: `num_blocks` blocks of one page each.
+    pub fn alone(config: &ModelConfig, num_blocks: usize, block_size: usize, prefix_cache: bool) -> Self {
+        let geometry = KvGeometry::new(config, block_size);
+        let arena = Arc::new(KvArena::new(num_blocks, geometry.block_floats()));
+        Self::new(config, block_size, arena, BlockPool::paged(num_blocks, block_size, prefix_cache))
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Takes in the pages the pool gave blocks since the last step.
+    pub fn sync(&mut self) {
+        self.pool.sync_pages(&mut self.pages);
+    }
+
+    /// Makes the whole arena resident now (see [`KvArena::commit_pages`]).
+    pub fn commit_pages(&self) {
+        self.arena.commit_pages();
+    }
+
+    /// Where `slot` of the (layer, K or V, head) segment of `block` starts in the arena.
+    fn offset(&self, block: u32, layer: usize, value: bool, kv_head: usize, slot: usize) -> usize {
+        let segment = (layer * 2 + usize::from(value)) * self.kv_heads + kv_head;
+        let page = self.pages[block as usize * self.pages_per_block + segment / self.segments_per_page] as usize;
+        page * self.arena.page_floats()
+            + (segment % self.segments_per_page) * self.segment_floats
+            + slot * self.head_dim
     }
 }
 
@@ -163,10 +192,14 @@ fn write_kv(
     for (t, token) in qkv.chunks_exact(width).enumerate() {
         let (block, slot) = layout.slot[t];
         for g in 0..spec.num_kv_heads {
-            let at = store.offset(block, g, slot);
-            let cache = &mut store.layers[layer];
-            cache.k[at..at + hd].copy_from_slice(&token[k_start + g * hd..k_start + (g + 1) * hd]);
-            cache.v[at..at + hd].copy_from_slice(&token[v_start + g * hd..v_start + (g + 1) * hd]);
+            let k_at = store.offset(block, layer, false, g, slot);
+            let v_at = store.offset(block, layer, true, g, slot);
+            // SAFETY: the slot's block is held by this step's row (`&mut store`: this
+            // model's compute thread, nothing else reading this layer now).
+            unsafe {
+                store.arena.slice_mut(k_at, hd).copy_from_slice(&token[k_start + g * hd..k_start + (g + 1) * hd]);
+                store.arena.slice_mut(v_at, hd).copy_from_slice(&token[v_start + g * hd..v_start + (g + 1) * hd]);
+            }
         }
     }
 }
@@ -183,15 +216,17 @@ fn attend(
     let hd = spec.head_dim;
     let group = spec.num_heads / spec.num_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let cache = &store.layers[layer];
+    let len = store.block_size * hd;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
         let (t, h) = (i / spec.num_heads, i % spec.num_heads);
         let q = &qkv[t * width + h * hd..t * width + (h + 1) * hd];
         let blocks = &layout.row_blocks[layout.row[t]];
         let keys = |b: u32| {
-            let at = store.offset(b, h / group, 0);
-            let len = store.block_size * hd;
-            (&cache.k[at..at + len], &cache.v[at..at + len])
+            let (k_at, v_at) =
+                (store.offset(b, layer, false, h / group, 0), store.offset(b, layer, true, h / group, 0));
+            // SAFETY: the row holds block `b`; this layer's K/V were all written
+            // before the attention started, and only reads run now.
+            unsafe { (store.arena.slice(k_at, len), store.arena.slice(v_at, len)) }
         };
         attend_one(q, layout.position[t] + 1, blocks, store.block_size, scale, keys, o);
     });

@@ -11,6 +11,7 @@ use super::error::{ModelError, Result};
 use super::gguf::GgufType;
 use super::gguf_read::{is_gguf_file, read_gguf_config};
 use super::kv::{BlockPool, KvCapacity, KvSeq};
+use super::kv_arena::SharedKv;
 use super::transformer::Transformer;
 use super::warmup;
 use super::weights::Checkpoint;
@@ -192,6 +193,9 @@ pub struct LoadOptions {
     pub threads: Option<usize>,
     /// Keep full KV blocks for reuse by later requests with the same prefix.
     pub prefix_cache: bool,
+    /// K/V pages shared with colocated models (candle): this model's pool in the group,
+    /// which replaces `kv_budget_bytes` and `prefix_cache` (see [`share_kv`](super::kv_arena::share_kv)).
+    pub shared_kv: Option<SharedKv>,
 }
 
 impl Default for LoadOptions {
@@ -203,6 +207,7 @@ impl Default for LoadOptions {
             backend: BackendKind::Candle,
             threads: None,
             prefix_cache: true,
+            shared_kv: None,
         }
     }
 }
@@ -210,8 +215,8 @@ impl Default for LoadOptions {
 /// The pure-Rust backend: candle matmuls, our paged attention.
 pub struct CandleBackend {
     model: Transformer,
+    /// The K/V storage and the pool that hands out its blocks.
     store: PagedKvStore,
-    pool: BlockPool,
 }
 
 impl CandleBackend {
@@ -230,14 +235,17 @@ impl CandleBackend {
                 options.block_size
             )));
         }
-        let block_bytes = options.block_size * model.config().kv_bytes_per_token(4);
-        let blocks = options.kv_budget_bytes / block_bytes;
-        let store = PagedKvStore::new(model.config(), blocks, options.block_size);
-        let pool = match options.prefix_cache {
-            true => BlockPool::caching_prefixes(blocks, options.block_size),
-            false => BlockPool::new(blocks, options.block_size),
+        let store = match &options.shared_kv {
+            Some(shared) => {
+                PagedKvStore::new(model.config(), options.block_size, shared.arena.clone(), shared.pool.clone())
+            }
+            None => {
+                let block_bytes = options.block_size * model.config().kv_bytes_per_token(4);
+                let blocks = options.kv_budget_bytes / block_bytes;
+                PagedKvStore::alone(model.config(), blocks, options.block_size, options.prefix_cache)
+            }
         };
-        let mut backend = CandleBackend { model, store, pool };
+        let mut backend = CandleBackend { model, store };
         if let Some(shape) = warmup::enabled_shape() {
             backend.store.commit_pages();
             warmup::run(&mut backend, shape)?;
@@ -276,12 +284,13 @@ impl Backend for CandleBackend {
     }
 
     fn kv_pool(&self) -> &BlockPool {
-        &self.pool
+        self.store.pool()
     }
 
     fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
-        check_rows(self.model.config(), &self.pool, rows)?;
-        reserve_rows(&self.pool, rows)?;
+        check_rows(self.model.config(), self.store.pool(), rows)?;
+        reserve_rows(self.store.pool(), rows)?;
+        self.store.sync();
         let (tokens, layout, last) = self.layout(rows);
         let out = match self.model.forward(&mut self.store, &tokens, &layout, &last, want_hidden) {
             Ok(out) => out,

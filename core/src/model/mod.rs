@@ -12,6 +12,8 @@ pub mod gguf_read;
 pub mod gguf_tokenizer;
 pub mod init;
 pub mod kv;
+pub mod kv_arena;
+mod kv_group;
 pub mod linear;
 #[cfg(feature = "llamacpp")]
 pub mod llamacpp;
@@ -34,5 +36,6 @@ pub use backend::{
 };
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
-pub use kv::{BlockPool, KvCapacity, KvEvent, KvSeq};
+pub use kv::{BlockPool, KvCapacity, KvEvent, KvSeq, SharedPoolSpec};
+pub use kv_arena::{share_kv, KvGeometry, SharedKv};
 pub use prefix_cache::PrefixCacheStats;

@@ -47,8 +47,9 @@ struct Entry {
 pub(crate) struct PrefixIndex {
     by_key: HashMap<u64, u32>,
     entries: HashMap<u32, Entry>,
-    /// Cached blocks no sequence holds, least recently freed first.
-    evictable: LruCache<u32, ()>,
+    /// Cached blocks no sequence holds, least recently freed first, with the group
+    /// clock when each was freed (to compare with other pools of the group).
+    evictable: LruCache<u32, u64>,
     pub(crate) stats: PrefixCacheStats,
 }
 
@@ -64,6 +65,11 @@ impl PrefixIndex {
 
     pub(crate) fn evictable(&self) -> usize {
         self.evictable.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_parked(&self, block: u32) -> bool {
+        self.evictable.contains(&block)
     }
 
     pub(crate) fn is_cached(&self, block: u32) -> bool {
@@ -99,9 +105,14 @@ impl PrefixIndex {
         self.evictable.pop(&block);
     }
 
-    /// A cached block lost its last holder.
-    pub(crate) fn park(&mut self, block: u32) {
-        self.evictable.put(block, ());
+    /// A cached block lost its last holder, at `clock`.
+    pub(crate) fn park(&mut self, block: u32, clock: u64) {
+        self.evictable.put(block, clock);
+    }
+
+    /// When the least recently freed evictable block was freed.
+    pub(crate) fn oldest_park(&self) -> Option<u64> {
+        self.evictable.peek_lru().map(|(_, &clock)| clock)
     }
 
     /// A parked block has a holder again.
@@ -111,7 +122,7 @@ impl PrefixIndex {
 
     /// Takes the least recently freed cached block out of the cache, for reuse.
     pub(crate) fn evict_one(&mut self) -> Option<u32> {
-        let (block, ()) = self.evictable.pop_lru()?;
+        let (block, _) = self.evictable.pop_lru()?;
         self.remove(block);
         self.stats.evicted_blocks += 1;
         Some(block)
@@ -120,7 +131,7 @@ impl PrefixIndex {
     /// Drops every parked block from the cache; returns them.
     pub(crate) fn flush(&mut self) -> Vec<u32> {
         let mut freed = Vec::with_capacity(self.evictable.len());
-        while let Some((block, ())) = self.evictable.pop_lru() {
+        while let Some((block, _)) = self.evictable.pop_lru() {
             self.remove(block);
             freed.push(block);
         }
@@ -164,8 +175,9 @@ mod tests {
         index.insert(2, ROOT_KEY, &[1]);
         assert!(index.is_cached(1) && !index.is_cached(2));
         index.insert(3, ROOT_KEY, &[2]);
-        index.park(3);
-        index.park(1);
+        index.park(3, 1);
+        index.park(1, 2);
+        assert_eq!(index.oldest_park(), Some(1));
         assert_eq!(index.evict_one(), Some(3));
         assert!(index.find(ROOT_KEY, &[2]).is_none());
         index.unpark(1);

@@ -1,0 +1,264 @@
+//! The memory behind paged K/V: one allocation of equal pages, used by one model or
+//! shared by colocated models, and the plan that sizes pages so that every model's
+//! blocks fit them.
+//!
+//! A model's block (K and V of `block_size` tokens, every layer and KV head) is cut
+//! into segments of `block_size * head_dim` values, one per (layer, K or V, head):
+//! the unit attention reads contiguously. A page holds whole segments; a block takes
+//! as many pages as its segments need. Which pages a block has is the block pool's
+//! business ([`BlockPool::sync_pages`]); the store keeps a copy of that table.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+use std::sync::{Arc, Once};
+
+use super::config::ModelConfig;
+use super::kv::{BlockPool, SharedPoolSpec};
+
+/// Page alignment, so that whole OS pages back whole K/V pages where sizes allow.
+const ALIGN: usize = 4096;
+
+/// Zeroed, page-aligned storage of `pages` pages of `page_floats` values.
+pub struct KvArena {
+    ptr: NonNull<f32>,
+    floats: usize,
+    page_floats: usize,
+    committed: Once,
+}
+
+// SAFETY: the arena is plain memory. Who may touch which page is decided by the block
+// pools (a page belongs to one block of one pool at a time, and only that model's
+// compute thread reads or writes it, while a sequence of its step holds the block);
+// the pools' mutex orders a page's hand-over between threads.
+unsafe impl Send for KvArena {}
+unsafe impl Sync for KvArena {}
+
+impl KvArena {
+    pub fn new(pages: usize, page_floats: usize) -> Self {
+        let floats = pages.checked_mul(page_floats).expect("KV arena size overflows");
+        let ptr = match Self::layout(floats) {
+            // SAFETY: the layout has a non-zero size. Zeroed memory from the allocator is
+            // lazily committed by the OS, like `vec![0.0; n]`.
+            Some(layout) => NonNull::new(unsafe { alloc_zeroed(layout) } as *mut f32)
+                .unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            None => NonNull::dangling(),
+        };
+        KvArena { ptr, floats, page_floats, committed: Once::new() }
+    }
+
+    fn layout(floats: usize) -> Option<Layout> {
+        (floats > 0).then(|| Layout::from_size_align(floats * 4, ALIGN).expect("KV arena layout"))
+    }
+
+    pub fn pages(&self) -> usize {
+        self.floats.checked_div(self.page_floats).unwrap_or(0)
+    }
+
+    pub fn page_floats(&self) -> usize {
+        self.page_floats
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.floats * 4
+    }
+
+    /// Touches every OS page once, so the whole arena is resident from now on (RSS shows
+    /// the KV budget from the start rather than growing under load). Once per arena,
+    /// however many models share it.
+    pub fn commit_pages(&self) {
+        self.committed.call_once(|| {
+            const FLOATS_PER_OS_PAGE: usize = 4096 / std::mem::size_of::<f32>();
+            for at in (0..self.floats).step_by(FLOATS_PER_OS_PAGE) {
+                // Volatile: a plain store of zero into zeroed memory may be optimized
+                // away, and then the page is never touched.
+                // SAFETY: `at` is in bounds; nothing reads K/V before the warm-up.
+                unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(at), 0.0) };
+            }
+        });
+    }
+
+    /// `len` values from `at`.
+    ///
+    /// # Safety
+    /// The range is in bounds and lies in pages that the caller's model holds and that
+    /// no one writes while the slice lives.
+    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &[f32] {
+        debug_assert!(at + len <= self.floats);
+        std::slice::from_raw_parts(self.ptr.as_ptr().add(at), len)
+    }
+
+    /// `len` values from `at`, to write.
+    ///
+    /// # Safety
+    /// As [`slice`](Self::slice), and no one else reads or writes the range while the
+    /// slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut(&self, at: usize, len: usize) -> &mut [f32] {
+        debug_assert!(at + len <= self.floats);
+        std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len)
+    }
+}
+
+impl Drop for KvArena {
+    fn drop(&mut self) {
+        if let Some(layout) = Self::layout(self.floats) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr() as *mut u8, layout) };
+        }
+    }
+}
+
+impl std::fmt::Debug for KvArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvArena").field("pages", &self.pages()).field("page_floats", &self.page_floats).finish()
+    }
+}
+
+/// How one model's K/V blocks are cut into segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    pub block_size: usize,
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvGeometry {
+    pub fn new(config: &ModelConfig, block_size: usize) -> Self {
+        KvGeometry { block_size, layers: config.num_layers, kv_heads: config.num_kv_heads, head_dim: config.head_dim }
+    }
+
+    /// Values of one (layer, K or V, head) segment of a block.
+    pub fn segment_floats(&self) -> usize {
+        self.block_size * self.head_dim
+    }
+
+    pub fn segments_per_block(&self) -> usize {
+        self.layers * 2 * self.kv_heads
+    }
+
+    pub fn block_floats(&self) -> usize {
+        self.segment_floats() * self.segments_per_block()
+    }
+
+    /// Pages of `page_floats` values one block takes (segments never straddle pages).
+    pub fn pages_per_block(&self, page_floats: usize) -> usize {
+        self.segments_per_block().div_ceil(page_floats / self.segment_floats())
+    }
+}
+
+/// One model's place in a shared arena: the arena and its block pool in the group.
+#[derive(Debug, Clone)]
+pub struct SharedKv {
+    pub arena: Arc<KvArena>,
+    pub pool: BlockPool,
+}
+
+impl PartialEq for SharedKv {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.arena, &other.arena) && self.pool.same_pool(&other.pool)
+    }
+}
+
+/// The page size for models that share an arena: a multiple of every model's segment
+/// that wastes the least of their blocks (a block takes whole pages), the largest such
+/// on a tie (fewer pages keep the page tables short). For the demo pair it is the small
+/// model's whole block, and a large model's block takes 32 pages, none wasted.
+pub fn page_floats_for(models: &[KvGeometry]) -> usize {
+    let unit = models.iter().map(KvGeometry::segment_floats).fold(1, lcm);
+    let largest_block = models.iter().map(KvGeometry::block_floats).max().unwrap_or(unit);
+    let waste = |page: usize| -> f64 {
+        models
+            .iter()
+            .map(|g| (g.pages_per_block(page) * page - g.block_floats()) as f64 / g.block_floats() as f64)
+            .sum()
+    };
+    let candidates = (1..=largest_block.div_ceil(unit).clamp(1, 256)).map(|k| k * unit);
+    candidates
+        .fold((unit, f64::INFINITY), |best, page| {
+            let w = waste(page);
+            if w <= best.1 + 1e-12 {
+                (page, w)
+            } else {
+                best
+            }
+        })
+        .0
+}
+
+/// One arena of `budget_bytes` shared by `models` (with their prefix-cache settings),
+/// and a block pool per model drawing pages from it.
+pub fn share_kv(models: &[(KvGeometry, bool)], budget_bytes: usize) -> Vec<SharedKv> {
+    let geometries: Vec<KvGeometry> = models.iter().map(|(g, _)| *g).collect();
+    let page_floats = page_floats_for(&geometries);
+    let arena = Arc::new(KvArena::new(budget_bytes / (page_floats * 4), page_floats));
+    let specs: Vec<SharedPoolSpec> = models
+        .iter()
+        .map(|(g, prefix_cache)| SharedPoolSpec {
+            block_size: g.block_size,
+            pages_per_block: g.pages_per_block(page_floats),
+            prefix_cache: *prefix_cache,
+        })
+        .collect();
+    BlockPool::shared(arena.pages(), &specs).into_iter().map(|pool| SharedKv { arena: arena.clone(), pool }).collect()
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(block_size: usize, layers: usize, kv_heads: usize, head_dim: usize) -> KvGeometry {
+        KvGeometry { block_size, layers, kv_heads, head_dim }
+    }
+
+    #[test]
+    fn pages_fit_whole_segments_of_every_model() {
+        // The demo pair: tiny (2 layers, 2 KV heads of 16) and small (8 layers, 4 of 64).
+        let tiny = geometry(16, 2, 2, 16);
+        let small = geometry(16, 8, 4, 64);
+        let page = page_floats_for(&[tiny, small]);
+        assert_eq!(page, 2048, "tiny's whole block, a multiple of small's 1,024-value segment");
+        assert_eq!((tiny.pages_per_block(page), small.pages_per_block(page)), (1, 32));
+        // Blocks of 768 and 1,024 values in segments of 96 and 128: pages of 384 waste
+        // an eighth of the second model's blocks; pages of 768 would waste half.
+        let (a, b) = (geometry(8, 2, 2, 12), geometry(8, 2, 2, 16));
+        assert_eq!(page_floats_for(&[a, b]), 384);
+        assert_eq!((a.pages_per_block(384), b.pages_per_block(384)), (2, 3));
+        // Segments that do not divide each other: a page holds whole ones of both.
+        let odd = geometry(16, 2, 2, 80);
+        let page = page_floats_for(&[odd, small]);
+        assert!(page % odd.segment_floats() == 0 && page % small.segment_floats() == 0);
+        assert!(odd.pages_per_block(page) * page >= odd.block_floats());
+    }
+
+    #[test]
+    fn a_shared_arena_splits_its_pages_by_demand() {
+        let tiny = geometry(16, 2, 2, 16);
+        let small = geometry(16, 8, 4, 64);
+        let shared = share_kv(&[(tiny, true), (small, true)], 64 * 2048 * 4);
+        assert_eq!(shared[0].arena.pages(), 64);
+        let (a, b) = (&shared[0].pool, &shared[1].pool);
+        assert_eq!((a.capacity().total_blocks, b.capacity().total_blocks), (64, 2));
+        // The large model may take nearly everything while the small one is idle...
+        let mut big = b.new_sequence();
+        big.reserve(32).unwrap();
+        assert_eq!(a.capacity().free_blocks, 0);
+        drop(big);
+        // ...and the small one everything once the large one lets go.
+        let mut many = a.new_sequence();
+        many.reserve(64 * 16).unwrap();
+        assert_eq!(b.capacity().free_blocks, 0);
+        assert_eq!(a.capacity().used_blocks, 64);
+    }
+}
