@@ -51,9 +51,7 @@ pub fn load_gguf_transformer(path: &Path) -> Result<Transformer> {
     }
     check_rope(&file.content).map_err(refuse)?;
     let config = read_gguf_config(path)?;
-    if config.arch != Arch::Llama || config.num_heads == 0 || config.head_dim % 2 != 0 {
-        return Err(refuse(format!("{} heads of dimension {} cannot rotate in pairs", config.num_heads, config.head_dim)));
-    }
+    debug_assert_eq!(config.arch, Arch::Llama);
     let c = &config;
     let (embed, tied_head) = file.embedding(c)?;
     let layers = (0..c.num_layers).map(|i| file.layer(c, i)).collect::<Result<Vec<_>>>()?;
@@ -215,8 +213,10 @@ fn is_dense(dtype: GgmlDType) -> bool {
 /// interleaved layout it comes from. llama.cpp's row `2i + j` of a head (pair `i`, member
 /// `j`) is HF's row `j * head_dim / 2 + i`.
 pub fn hf_rotary_order(rows: usize, heads: usize) -> Result<Vec<usize>> {
-    if heads == 0 || rows % (2 * heads) != 0 {
-        return Err(ModelError::Unsupported(format!("{rows} q/k rows do not split into {heads} heads of rotary pairs")));
+    if heads == 0 || !rows.is_multiple_of(2 * heads) {
+        return Err(ModelError::Unsupported(format!(
+            "{rows} q/k rows do not split into {heads} heads of rotary pairs"
+        )));
     }
     let head_dim = rows / heads;
     let half = head_dim / 2;
