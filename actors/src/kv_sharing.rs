@@ -3,7 +3,6 @@
 //! split follows demand (a routed pair rarely needs its small model's share).
 //! llama.cpp contexts and remote models keep budgets of their own.
 
-use tokenrouter_core::model::gguf_read::is_gguf_file;
 use tokenrouter_core::model::{read_model_config, share_kv, BackendKind, KvGeometry};
 
 use crate::config::ModelSpec;
@@ -20,7 +19,7 @@ pub(crate) fn share_colocated_kv(
     let members: Vec<usize> = (0..models.len())
         .filter(|&i| {
             let m = &models[i];
-            is_local(m) && m.load.backend == BackendKind::Candle && !is_gguf_file(&m.path) && m.load.shared_kv.is_none()
+            is_local(m) && m.load.backend == BackendKind::Candle && m.load.shared_kv.is_none()
         })
         .collect();
     if members.len() < 2 {

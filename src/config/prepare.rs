@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokenrouter_actors::{EngineConfig, ModelSpec, StepLimits};
 use tokenrouter_core::model::gguf_read::is_gguf_file;
 use tokenrouter_core::model::presets::{self, QWEN3_VOCAB};
-use tokenrouter_core::model::{self as model, BackendKind, LoadOptions, ModelConfig};
+use tokenrouter_core::model::{self as model, LoadOptions, ModelConfig};
 use tokenrouter_core::policy::{self, ModelInfo, PolicyContext, PolicyError};
 
 use super::cache::ModelCache;
@@ -141,7 +141,7 @@ impl ServerConfig {
         for (i, m) in self.models.iter().enumerate() {
             match (self.model_path(i), m.preset) {
                 (Some(path), _) => {
-                    configs.push(read_model_config(i, &path, m.backend)?);
+                    configs.push(read_model_config(i, &path)?);
                     dirs.push(files_folder(&path));
                 }
                 (None, Some(preset)) => {
@@ -177,16 +177,14 @@ impl ServerConfig {
     }
 
     fn read_model_configs(&self, paths: &[PathBuf]) -> Result<Vec<ModelConfig>, ConfigError> {
-        paths.iter().zip(&self.models).enumerate().map(|(i, (path, m))| read_model_config(i, path, m.backend)).collect()
+        paths.iter().zip(&self.models).enumerate().map(|(i, (path, _))| read_model_config(i, path)).collect()
     }
 }
 
-/// A folder's config.json, or a GGUF file's metadata (llama.cpp backend only).
-fn read_model_config(index: usize, path: &std::path::Path, backend: BackendKind) -> Result<ModelConfig, ConfigError> {
+/// A folder's config.json, or a GGUF file's metadata (either backend: candle keeps a
+/// llama GGUF's matrices quantized).
+fn read_model_config(index: usize, path: &std::path::Path) -> Result<ModelConfig, ConfigError> {
     let at = format!("models[{index}].path");
-    if is_gguf_file(path) && backend != BackendKind::Llamacpp {
-        return Err(ConfigError::new(at, format!("{} is a GGUF file: add `backend: llamacpp`", path.display())));
-    }
     if !path.is_dir() && !is_gguf_file(path) {
         return Err(ConfigError::new(at, format!("{} is not a folder or a .gguf file", path.display())));
     }

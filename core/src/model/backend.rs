@@ -12,6 +12,7 @@ use super::gguf::GgufType;
 use super::gguf_read::{is_gguf_file, read_gguf_config};
 use super::kv::{BlockPool, KvCapacity, KvSeq};
 use super::kv_arena::SharedKv;
+use super::quantized::load_gguf_transformer;
 use super::transformer::Transformer;
 use super::warmup;
 use super::weights::Checkpoint;
@@ -76,8 +77,9 @@ pub trait Backend: Send {
     fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput>;
 }
 
-/// Weight precision at run time; checkpoints in bf16/f16/f32 convert on load. The
-/// quantized types run on the llama.cpp backend only.
+/// Weight precision at run time; checkpoints in bf16/f16/f32 convert on load. Quantizing
+/// a folder at load runs on the llama.cpp backend only; a GGUF file keeps its own types
+/// on either backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightDtype {
@@ -220,7 +222,12 @@ pub struct CandleBackend {
 }
 
 impl CandleBackend {
+    /// Loads an HF folder in `options.dtype`, or a llama GGUF file with its matrices kept
+    /// in the file's own (quantized) types, where `options.dtype` does not apply.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        if is_gguf_file(dir) {
+            return Self::with_model(load_gguf_transformer(dir)?, options);
+        }
         let config = folder_config(dir)?;
         let dtype = options.dtype.candle()?;
         let ckpt = Checkpoint::open(dir, dtype)?;
@@ -357,13 +364,9 @@ pub(crate) fn reserve_rows(pool: &BlockPool, rows: &mut [RowInput<'_>]) -> Resul
     Ok(())
 }
 
-/// The backend `options` ask for, loaded from an HF folder or (llama.cpp only) a GGUF file.
+/// The backend `options` ask for, loaded from an HF folder or a GGUF file.
 pub fn load_backend(path: &Path, options: &LoadOptions) -> Result<Box<dyn Backend>> {
     match options.backend {
-        BackendKind::Candle if is_gguf_file(path) => Err(ModelError::Unsupported(format!(
-            "{} is a GGUF file: GGUF models run on the llama.cpp backend (backend: llamacpp)",
-            path.display()
-        ))),
         BackendKind::Candle => Ok(Box::new(CandleBackend::load(path, options)?)),
         BackendKind::Llamacpp => load_llamacpp(path, options),
     }

@@ -132,7 +132,7 @@ fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<PathB
 
 /// The runtime's RoPE rotates the whole head with `rope.freq_base`: refuse partial
 /// rotary dimensions and scaled RoPE, which a config.json written from this would lose.
-fn check_rope(content: &Content) -> std::result::Result<(), String> {
+pub(crate) fn check_rope(content: &Content) -> std::result::Result<(), String> {
     let meta = &content.metadata;
     let int = |key: &str| meta.get(key).and_then(|v| v.to_u32().ok().or_else(|| v.to_u64().ok().map(|x| x as u32)));
     let heads = int("llama.attention.head_count").ok_or("llama.attention.head_count is missing")?;

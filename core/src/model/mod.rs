@@ -22,6 +22,8 @@ pub mod matmul;
 pub mod prefix_cache;
 pub mod presets;
 pub mod profile;
+pub mod projection;
+pub mod quantized;
 pub mod rope;
 pub mod sampler;
 pub mod sequence_map;

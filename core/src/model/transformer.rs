@@ -6,26 +6,29 @@ use super::attention::{paged_attention, AttentionSpec, PagedKvStore, TokenLayout
 use super::config::ModelConfig;
 use super::error::Result;
 use super::linear::Linear;
+use super::projection::{Projection, TokenEmbedding};
 use super::rope::Rope;
 use super::weights::Checkpoint;
 
-struct DecoderLayer {
-    attn_norm: Tensor,
-    qkv: Linear,
-    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    o_proj: Linear,
-    mlp_norm: Tensor,
-    gate_up: Linear,
-    down: Linear,
+pub(crate) struct DecoderLayer {
+    pub(crate) attn_norm: Tensor,
+    /// q, k and v stacked, k/v rows in the order the rotary embedding expects (HF's).
+    pub(crate) qkv: Projection,
+    pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    pub(crate) o_proj: Projection,
+    pub(crate) mlp_norm: Tensor,
+    /// gate and up stacked.
+    pub(crate) gate_up: Projection,
+    pub(crate) down: Projection,
 }
 
 pub struct Transformer {
     config: ModelConfig,
     dtype: DType,
-    embed: Tensor,
+    embed: TokenEmbedding,
     layers: Vec<DecoderLayer>,
     final_norm: Tensor,
-    lm_head: Linear,
+    lm_head: Projection,
     rope: Rope,
 }
 
@@ -51,8 +54,27 @@ impl Transformer {
         } else {
             Linear::new(ckpt.load("lm_head.weight", &[c.vocab_size, c.hidden_size])?, None)
         };
-        let rope = Rope::new(c);
-        Ok(Transformer { config, dtype, embed, layers, final_norm, lm_head, rope })
+        Ok(Self::from_parts(
+            config,
+            dtype,
+            TokenEmbedding::Dense(embed),
+            layers,
+            final_norm,
+            Projection::Dense(lm_head),
+        ))
+    }
+
+    /// A model from weights loaded elsewhere (a GGUF file); `dtype` is the activations'.
+    pub(crate) fn from_parts(
+        config: ModelConfig,
+        dtype: DType,
+        embed: TokenEmbedding,
+        layers: Vec<DecoderLayer>,
+        final_norm: Tensor,
+        lm_head: Projection,
+    ) -> Self {
+        let rope = Rope::new(&config);
+        Transformer { config, dtype, embed, layers, final_norm, lm_head, rope }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -78,7 +100,7 @@ impl Transformer {
         want_hidden: bool,
     ) -> Result<StackOutput> {
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        let mut x = self.embed.index_select(&ids, 0)?;
+        let mut x = self.embed.lookup(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = self.layer_forward(layer, i, store, layout, &x)?;
         }
@@ -150,11 +172,11 @@ fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLaye
     };
     Ok(DecoderLayer {
         attn_norm: ckpt.load(&format!("{p}.input_layernorm.weight"), &[h])?,
-        qkv: Linear::fuse(&[q, k, v])?,
+        qkv: Projection::Dense(Linear::fuse(&[q, k, v])?),
         qk_norm,
-        o_proj: linear("self_attn.o_proj", h, q_out, false)?,
+        o_proj: Projection::Dense(linear("self_attn.o_proj", h, q_out, false)?),
         mlp_norm: ckpt.load(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-        gate_up: Linear::fuse(&[gate, up])?,
-        down: linear("mlp.down_proj", h, c.intermediate_size, false)?,
+        gate_up: Projection::Dense(Linear::fuse(&[gate, up])?),
+        down: Projection::Dense(linear("mlp.down_proj", h, c.intermediate_size, false)?),
     })
 }
