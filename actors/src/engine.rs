@@ -10,6 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokenrouter_core::model::{BlockPool, KvCapacity, ModelConfig};
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::planner::Replanner;
+use tokenrouter_core::sched::request::only_model;
 use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId, RequestSpec, SubserverConfig};
 use tokio::sync::mpsc::unbounded_channel;
 
@@ -339,10 +340,6 @@ impl Engine {
         let submitted = Instant::now();
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let max_tokens = request.max_tokens.min(s.max_context - request.prompt.len());
-        let need = KvNeed::new(request.prompt.len(), max_tokens).with_cached(s.cached_everywhere(&request.prompt));
-        let ticket = s.kv.request(id, need)?;
-        // Until a request actor owns the reservation, dropping this gives it back.
-        let reservation = Reservation::new(s.clone(), id);
         let text = self.text_stream(&request)?;
         let mut stop_ids = request.stop_ids.clone();
         if !request.ignore_eos {
@@ -358,6 +355,12 @@ impl Engine {
             stop_ids,
             policy: request.policy.unwrap_or_else(|| s.default_policy.clone()),
         });
+        let need = KvNeed::new(spec.prompt.len(), max_tokens)
+            .with_cached(s.cached_everywhere(&spec.prompt))
+            .only_on(only_model(&spec, s.model_count()));
+        let ticket = s.kv.request(id, need)?;
+        // Until a request actor owns the reservation, dropping this gives it back.
+        let reservation = Reservation::new(s.clone(), id);
         let (client, events) = unbounded_channel();
         let launch = Launch {
             shared: s.clone(),

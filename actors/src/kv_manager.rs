@@ -45,9 +45,10 @@ pub struct SharedPages {
 }
 
 impl SharedPages {
-    /// Pages `tokens` take on every member.
-    fn pages_for(&self, tokens: usize) -> usize {
-        self.members.iter().map(|&(_, block, pages)| tokens.div_ceil(block) * pages).sum()
+    /// Pages `tokens` take on every member (or on `only`, when it is one).
+    fn pages_for(&self, tokens: usize, only: Option<usize>) -> usize {
+        let members = self.members.iter().filter(|m| only.is_none_or(|o| o == m.0));
+        members.map(|&(_, block, pages)| tokens.div_ceil(block) * pages).sum()
     }
 
     /// The most tokens a request can hold on every member at once.
@@ -55,7 +56,7 @@ impl SharedPages {
         let (mut low, mut high) = (0, self.total.saturating_mul(self.members.iter().map(|m| m.1).max().unwrap_or(1)));
         while low < high {
             let mid = low + (high - low).div_ceil(2);
-            if self.pages_for(mid) <= self.total {
+            if self.pages_for(mid, None) <= self.total {
                 low = mid;
             } else {
                 high = mid - 1;
@@ -101,15 +102,26 @@ pub struct KvNeed {
     pub prompt: usize,
     pub cached: usize,
     pub max_tokens: usize,
+    /// The one model the request can visit (its policy never moves it); `None`: any.
+    pub only: Option<usize>,
 }
 
 impl KvNeed {
     pub fn new(prompt: usize, max_tokens: usize) -> Self {
-        KvNeed { prompt, cached: 0, max_tokens }
+        KvNeed { prompt, cached: 0, max_tokens, only: None }
     }
 
     pub fn with_cached(self, cached: usize) -> Self {
         KvNeed { cached: cached.min(self.prompt), ..self }
+    }
+
+    /// The request stays on `model`: nothing is reserved on the others.
+    pub fn only_on(self, model: Option<usize>) -> Self {
+        KvNeed { only: model, ..self }
+    }
+
+    fn covers(&self, model: usize) -> bool {
+        self.only.is_none_or(|m| m == model)
     }
 }
 
@@ -125,7 +137,10 @@ pub struct KvLedger {
     capacity: Vec<usize>,
     headroom: usize,
     max_waiting: usize,
+    /// Tokens reserved, once per request (as `usage` reports them).
     reserved: usize,
+    /// Tokens reserved on each model.
+    reserved_on: Vec<usize>,
     reservations: HashMap<RequestId, Reservation>,
     waiting: VecDeque<(RequestId, Reservation)>,
     shared: Option<SharedPages>,
@@ -137,11 +152,19 @@ pub struct KvLedger {
 struct Reservation {
     tokens: usize,
     pages: usize,
+    only: Option<usize>,
+}
+
+impl Reservation {
+    fn covers(&self, model: usize) -> bool {
+        self.only.is_none_or(|m| m == model)
+    }
 }
 
 impl KvLedger {
     pub fn new(names: Vec<String>, capacity_tokens: Vec<usize>, config: &AdmissionConfig) -> Self {
         KvLedger {
+            reserved_on: vec![0; names.len()],
             names,
             capacity: capacity_tokens,
             headroom: config.output_headroom,
@@ -165,9 +188,13 @@ impl KvLedger {
         self.shared.as_ref().is_some_and(|s| s.members.iter().any(|m| m.0 == model))
     }
 
-    /// The most tokens a request can reserve: what the smallest unshared model holds,
-    /// and what the shared budget holds on all its members at once.
-    fn most_tokens(&self) -> usize {
+    /// The most tokens a request can reserve: what the smallest unshared model it may
+    /// visit holds, and what the shared budget holds on all its members at once (a
+    /// request that stays on one model: what that model holds).
+    fn most_tokens(&self, need: &KvNeed) -> usize {
+        if let Some(m) = need.only {
+            return self.capacity.get(m).copied().unwrap_or(0);
+        }
         let unshared = (0..self.capacity.len()).filter(|&m| !self.is_shared(m)).map(|m| self.capacity[m]);
         let joint = self.shared.as_ref().map(SharedPages::joint_tokens);
         unshared.chain(joint).min().unwrap_or(0)
@@ -179,7 +206,7 @@ impl KvLedger {
     /// under the subservers' preemption, as any growth is).
     pub fn reservation(&self, need: KvNeed) -> usize {
         let fresh = need.prompt - need.cached.min(need.prompt);
-        (fresh + need.max_tokens.min(self.headroom)).min(self.most_tokens()).max(fresh)
+        (fresh + need.max_tokens.min(self.headroom)).min(self.most_tokens(&need)).max(fresh)
     }
 
     /// [`reservation`](Self::reservation) with the shared pages it takes (at most all
@@ -187,14 +214,16 @@ impl KvLedger {
     /// empty, and the subservers evict pending KV to run it).
     fn reserve_for(&self, need: KvNeed) -> Reservation {
         let tokens = self.reservation(need);
-        let pages = self.shared.as_ref().map_or(0, |s| s.pages_for(tokens).min(s.total));
-        Reservation { tokens, pages }
+        let pages = self.shared.as_ref().map_or(0, |s| s.pages_for(tokens, need.only).min(s.total));
+        Reservation { tokens, pages, only: need.only }
     }
 
     /// Admits a request, queues it, or refuses it: a prompt (and its first output
     /// token) that no amount of waiting makes fit, or a full queue.
     pub fn request(&mut self, id: RequestId, need: KvNeed) -> Result<Admission, EngineError> {
-        if let Some((i, &capacity)) = self.capacity.iter().enumerate().find(|(_, &c)| need.prompt + 1 > c) {
+        if let Some((i, &capacity)) =
+            self.capacity.iter().enumerate().find(|&(m, &c)| need.covers(m) && need.prompt + 1 > c)
+        {
             return Err(EngineError::TooLarge { needed: need.prompt + 1, capacity, model: self.names[i].clone() });
         }
         let wanted = self.reserve_for(need);
@@ -215,6 +244,9 @@ impl KvLedger {
         if let Some(held) = self.reservations.remove(&id) {
             self.reserved -= held.tokens;
             self.reserved_pages -= held.pages;
+            for m in (0..self.reserved_on.len()).filter(|&m| held.only.is_none_or(|o| o == m)) {
+                self.reserved_on[m] -= held.tokens;
+            }
         }
         self.waiting.retain(|(w, _)| *w != id);
         self.admit_waiting()
@@ -238,14 +270,17 @@ impl KvLedger {
     }
 
     fn fits(&self, wanted: Reservation) -> bool {
-        let unshared = (0..self.capacity.len()).filter(|&m| !self.is_shared(m));
-        let tokens_fit = unshared.map(|m| self.capacity[m]).all(|c| self.reserved + wanted.tokens <= c);
+        let mut unshared = (0..self.capacity.len()).filter(|&m| !self.is_shared(m) && wanted.covers(m));
+        let tokens_fit = unshared.all(|m| self.reserved_on[m] + wanted.tokens <= self.capacity[m]);
         tokens_fit && self.shared.as_ref().is_none_or(|s| self.reserved_pages + wanted.pages <= s.total)
     }
 
     fn hold(&mut self, id: RequestId, wanted: Reservation) {
         self.reserved += wanted.tokens;
         self.reserved_pages += wanted.pages;
+        for m in (0..self.reserved_on.len()).filter(|&m| wanted.covers(m)) {
+            self.reserved_on[m] += wanted.tokens;
+        }
         self.reservations.insert(id, wanted);
     }
 
@@ -412,7 +447,8 @@ mod tests {
     #[test]
     fn a_shared_budget_admits_by_what_each_member_needs() {
         let shared = demo_shared();
-        assert_eq!(shared.pages_for(276), 18 * 33);
+        assert_eq!(shared.pages_for(276, None), 18 * 33);
+        assert_eq!(shared.pages_for(276, Some(1)), 18 * 32);
         assert_eq!(shared.joint_tokens(), 65_536 / 33 * 16, "whole blocks on both models");
         let config = AdmissionConfig { output_headroom: 256, max_waiting: 1000, ..AdmissionConfig::default() };
         let names = vec!["small".to_string(), "large".to_string()];
@@ -435,6 +471,29 @@ mod tests {
         ledger.release(2);
         assert_eq!(ledger.usage().shared_pages.unwrap().reserved, 0);
         assert!(matches!(ledger.request(3, KvNeed::new(32_768, 1)), Err(EngineError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn a_request_that_stays_on_one_model_reserves_there_only() {
+        let mut l = ledger(&[1_000, 100], 10, 100);
+        // Too large for m1, but it never goes there.
+        assert_eq!(l.request(1, KvNeed::new(500, 10).only_on(Some(0))).unwrap(), Admission::Admitted);
+        assert!(matches!(l.request(2, KvNeed::new(500, 10).only_on(Some(1))), Err(EngineError::TooLarge { .. })));
+        // m1 is untouched: a request that may visit both still fits there.
+        assert_eq!(l.request(3, KvNeed::new(80, 10)).unwrap(), Admission::Admitted);
+        assert_eq!(l.request(4, KvNeed::new(400, 10).only_on(Some(0))).unwrap(), Admission::Queued);
+        assert_eq!(l.release(1), vec![4]);
+        for id in [3, 4] {
+            l.release(id);
+        }
+        assert_eq!(l.usage().reserved_tokens, 0);
+        // On a shared budget, pinned to the small model: one page a block, not 33.
+        let config = AdmissionConfig { output_headroom: 256, max_waiting: 1000, ..AdmissionConfig::default() };
+        let names = vec!["small".to_string(), "large".to_string()];
+        let mut joint = KvLedger::new(names, vec![1_048_576, 32_768], &config).with_shared_pages(demo_shared());
+        let admitted = (0..1000)
+            .filter(|&i| joint.request(i, KvNeed::new(20, 4000).only_on(Some(0))).unwrap() == Admission::Admitted);
+        assert_eq!(admitted.count(), 1000, "18 pages each: 65,536 hold 3,640");
     }
 
     #[test]

@@ -232,6 +232,13 @@ async fn a_shared_kv_budget_holds_a_prompt_that_one_models_half_cannot() {
     let refused = engine.generate(r.clone()).await.err().expect("500 tokens of room cannot take 600");
     assert!(refused.to_string().contains("m1"), "{refused}");
     engine.shutdown().await;
+    // A request pinned to m0 (666 tokens of room at 384 bytes a token) reserves nothing on m1.
+    let mut split = engine_config(&m, policy("always", serde_json::json!({ "model": 0 }), 2), &[1, 1]);
+    split.admission.share_kv = false;
+    let engine = Engine::start(split).await.unwrap();
+    let (tokens, end) = collect(&engine, r.clone()).await;
+    assert!(matches!(end, GenerationEvent::Finished { .. }) && tokens.iter().all(|t| t.1 == 0), "{end:?}");
+    engine.shutdown().await;
 
     let engine = Engine::start(engine_config(&m, large(), &[1, 1])).await.unwrap();
     let mut plain = CandleBackend::load(m.dirs[1].path(), &load_options()).unwrap();

@@ -41,6 +41,10 @@ impl Policy for Described {
         self.inner.entry_model(request)
     }
 
+    fn stays_on_entry_model(&self) -> bool {
+        self.inner.stays_on_entry_model()
+    }
+
     fn needs_hidden(&self, model: ModelIndex) -> bool {
         self.inner.needs_hidden(model)
     }

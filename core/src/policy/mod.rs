@@ -117,6 +117,12 @@ pub trait Policy: Send + Sync {
     /// The model a new request starts on.
     fn entry_model(&self, request: &mut EntryRequest<'_>) -> ModelIndex;
 
+    /// Whether a request never leaves its entry model (whole-request policies): then
+    /// admission reserves KV on that model only.
+    fn stays_on_entry_model(&self) -> bool {
+        false
+    }
+
     /// Whether rows on `model` must carry their last hidden state.
     fn needs_hidden(&self, _model: ModelIndex) -> bool {
         false

@@ -42,6 +42,10 @@ impl Policy for QueryLevel {
         "query-level"
     }
 
+    fn stays_on_entry_model(&self) -> bool {
+        true
+    }
+
     fn entry_model(&self, request: &mut EntryRequest<'_>) -> ModelIndex {
         if self.wants_large(request) {
             self.pair.large
@@ -70,6 +74,10 @@ impl Always {
 impl Policy for Always {
     fn name(&self) -> &str {
         "always"
+    }
+
+    fn stays_on_entry_model(&self) -> bool {
+        true
     }
 
     fn entry_model(&self, _request: &mut EntryRequest<'_>) -> ModelIndex {

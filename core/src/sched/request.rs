@@ -189,6 +189,13 @@ pub fn admit(spec: Arc<RequestSpec>, num_models: usize) -> (ModelIndex, Arrival)
     (entry, arrival)
 }
 
+/// The only model a request can visit, when its policy never moves it (see
+/// [`Policy::stays_on_entry_model`](crate::policy::Policy::stays_on_entry_model)):
+/// admission then reserves KV there alone.
+pub fn only_model(spec: &Arc<RequestSpec>, num_models: usize) -> Option<ModelIndex> {
+    spec.policy.stays_on_entry_model().then(|| admit(spec.clone(), num_models).0)
+}
+
 /// The logits the sampler draws from: a policy may reserve a logit that is not a
 /// token (Co-LLM's defer slot), which must never be drawn.
 pub fn sampling_logits<'a>(logits: &'a [f32], reserved: Option<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
