@@ -237,3 +237,15 @@ fn the_whole_metadata_of_smollm2_is_accepted_but_an_edited_one_is_not() {
     let err = refusal(&edited);
     assert!(err.contains("model.layers.0.") && err.contains("missing"), "{err}");
 }
+
+/// SmolLM's pre-tokenizer (every digit alone, then GPT-2's byte-level regex) is not one
+/// whose safe cuts the incremental tokenizer has been argued and tested for: it refuses
+/// it by rule, so sessions on this model always tokenize in full (exact, only slower).
+#[test]
+fn the_incremental_tokenizer_refuses_smollm_s_pre_tokenizer_by_rule() {
+    let Some(gguf) = smollm2() else { return };
+    let folder = imported(&gguf, WeightDtype::F32);
+    let tokenizer = tokenizers::Tokenizer::from_file(folder.path().join("tokenizer.json")).unwrap();
+    let why = tokenrouter_core::tokenize::incremental::cut_rule_for(&tokenizer).unwrap_err().to_string();
+    assert!(why.contains("pre-tokenizer not understood") && why.contains("Digits"), "{why}");
+}
