@@ -117,7 +117,29 @@ fn curl_example_streams_sse_with_routing_trace() {
 #[test]
 fn dashboard_loads_in_headless_chromium_and_shows_both_models() {
     let Some(chromium) = tool("CHROMIUM", "chromium", false) else { return };
+    let Some(curl) = tool("CURL", "curl", false) else { return };
     let Some(server) = start() else { return };
+    // Under load, and long enough for the history to hold a few samples (one every 2 s).
+    let body = r#"{"model": "small", "prompt": "load for the charts", "max_tokens": 400, "ignore_eos": true}"#;
+    let mut load: Vec<Child> = (0..3)
+        .map(|_| {
+            Command::new(&curl)
+                .args(["-s", "-o", "/dev/null", "-H", "Content-Type: application/json", "-d", body])
+                .arg(format!("{}/v1/completions", server.url))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new(&curl).args(["-s", &format!("{}/v1/stats/history", server.url)]).output().unwrap();
+        let history: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if history["samples"].as_array().is_some_and(|s| s.len() >= 3) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no history: {history}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
     std::fs::create_dir_all(&out_dir).unwrap();
     let profile = TempDir::new().unwrap();
@@ -138,6 +160,10 @@ fn dashboard_loads_in_headless_chromium_and_shows_both_models() {
     let dom = Command::new(&chromium).args(flags).arg(&user_data).arg("--dump-dom").arg(&url).output().unwrap();
     let html = String::from_utf8_lossy(&dom.stdout);
     assert!(html.contains("subserver small") && html.contains("subserver large"), "{html}");
+    for chart in ["Throughput", "Time to first token", "Queue", "KV blocks: small", "KV blocks: large", "Restarts"] {
+        assert!(html.contains(chart), "no {chart:?} chart: {html}");
+    }
+    assert!(html.contains("aria-label=\"actor tree\""), "no actor picture: {html}");
     let shot = out_dir.join("dashboard.png");
     let _ = Command::new(&chromium)
         .args(flags)
@@ -146,6 +172,10 @@ fn dashboard_loads_in_headless_chromium_and_shows_both_models() {
         .arg(&url)
         .output();
     assert!(shot.is_file(), "no screenshot at {}", shot.display());
+    for mut client in load.drain(..) {
+        let _ = client.kill();
+        let _ = client.wait();
+    }
     eprintln!("dashboard screenshot: {}", shot.display());
 }
 

@@ -49,6 +49,9 @@ pub struct EngineShared {
     /// Active request count; changes are broadcast under this lock so every
     /// subserver sees them in order (a stale high N could deadlock thresholds).
     active: Mutex<usize>,
+    /// Times to first token since the last [`Engine::take_recent_ttfts`], in seconds
+    /// (at most `RECENT_TTFTS`; a reader that never comes keeps only the first ones).
+    recent_ttfts: parking_lot::Mutex<Vec<f32>>,
     next_id: AtomicU64,
     default_policy: Arc<dyn Policy>,
     shared_vocab: usize,
@@ -63,7 +66,18 @@ pub struct EngineShared {
     pools: Vec<Option<BlockPool>>,
 }
 
+/// The most first-token times kept between two reads of [`Engine::take_recent_ttfts`].
+const RECENT_TTFTS: usize = 4096;
+
 impl EngineShared {
+    pub(crate) fn record_ttft(&self, seconds: f64) {
+        metrics::histogram!("tokenrouter_request_ttft_seconds").record(seconds);
+        let mut recent = self.recent_ttfts.lock();
+        if recent.len() < RECENT_TTFTS {
+            recent.push(seconds as f32);
+        }
+    }
+
     /// Prompt tokens every model holds cached now (0 if a model cannot say).
     fn cached_everywhere(&self, prompt: &[u32]) -> usize {
         let cached = self.pools.iter().map(|p| p.as_ref().map_or(0, |p| p.cached_prefix_tokens(prompt)));
@@ -286,6 +300,7 @@ impl Engine {
             admission: config.admission.clone(),
             registry,
             active: Mutex::new(0),
+            recent_ttfts: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             default_policy: config.default_policy,
             shared_vocab,
@@ -510,6 +525,12 @@ impl Engine {
 
     pub fn active_requests(&self) -> usize {
         self.shared.active_count()
+    }
+
+    /// The times to first token (seconds) of requests whose first token came since the
+    /// last call: what a stats history samples.
+    pub fn take_recent_ttfts(&self) -> Vec<f32> {
+        std::mem::take(&mut *self.shared.recent_ttfts.lock())
     }
 
     /// Changes the delayed-batching thresholds of every subserver.

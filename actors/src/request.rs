@@ -241,7 +241,7 @@ impl Actor for RequestActor {
             RequestMsg::InjectPanic => panic!("injected request-actor fault"),
         };
         if first_token {
-            metrics::histogram!("tokenrouter_request_ttft_seconds").record(s.submitted.elapsed().as_secs_f64());
+            s.shared.record_ttft(s.submitted.elapsed().as_secs_f64());
         }
         if let Next::Resume { model, arrival } = next {
             metrics::counter!("tokenrouter_requests_resumed_total", "model" => s.shared.model_name(model).to_string())

@@ -90,6 +90,12 @@ pub trait Generator: Send + Sync + 'static {
 
     fn stats(&self) -> BoxFuture<'_, EngineStats>;
 
+    /// Times to first token (seconds) of requests whose first token came since the
+    /// last call (for the stats history); none where not tracked.
+    fn take_recent_ttfts(&self) -> Vec<f32> {
+        Vec::new()
+    }
+
     /// Every model's subserver is up and answering.
     fn ready(&self) -> BoxFuture<'_, bool>;
 
@@ -102,6 +108,10 @@ pub trait Generator: Send + Sync + 'static {
 impl Generator for Engine {
     fn model_names(&self) -> Vec<String> {
         Engine::model_names(self).to_vec()
+    }
+
+    fn take_recent_ttfts(&self) -> Vec<f32> {
+        Engine::take_recent_ttfts(self)
     }
 
     fn max_context(&self) -> usize {

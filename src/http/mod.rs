@@ -16,6 +16,7 @@ mod error;
 mod extract;
 mod generator;
 mod handlers;
+mod history;
 mod info;
 mod metrics;
 mod openapi;
@@ -47,6 +48,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/completions", web::post().to(handlers::completions))
         .route("/v1/models", web::get().to(info::models))
         .route("/v1/stats", web::get().to(info::stats))
+        .route("/v1/stats/history", web::get().to(history::history))
         .route("/health", web::get().to(info::health))
         .route("/metrics", web::get().to(info::metrics))
         .route("/openapi.json", web::get().to(openapi::openapi))

@@ -110,6 +110,11 @@ fn paths() -> Value {
             "summary": "Per-model snapshots, KV use and requests in flight (the dashboard's data).",
             "responses": { "200": { "description": "Statistics.", "content": json_content(schema("Stats")) } },
         }},
+        "/v1/stats/history": { "get": {
+            "operationId": "statsHistory",
+            "summary": "The last ten minutes of stats, one sample every `interval_s` (the dashboard's charts).",
+            "responses": { "200": { "description": "Samples, oldest first.", "content": json_content(schema("StatsHistory")) } },
+        }},
         "/openapi.json": { "get": {
             "operationId": "openapi",
             "summary": "This document.",
@@ -167,6 +172,7 @@ fn schemas(b: &Bounds) -> Value {
             "properties": { "status": { "type": "string" }, "message": { "type": "string" } },
         },
         "Stats": stats(),
+        "StatsHistory": stats_history(),
     })
 }
 
@@ -418,6 +424,29 @@ fn stats() -> Value {
             "http_in_flight": { "type": "integer" },
             "max_queued_requests": { "type": "integer" },
             "shutting_down": { "type": "boolean" },
+        },
+    })
+}
+
+fn stats_history() -> Value {
+    json!({
+        "type": "object",
+        "required": ["interval_s", "samples"],
+        "properties": {
+            "interval_s": { "type": "number" },
+            "samples": { "type": "array", "items": {
+                "type": "object",
+                "required": ["t", "active_requests", "waiting", "first_tokens", "models"],
+                "properties": {
+                    "t": { "type": "number", "description": "Unix seconds." },
+                    "active_requests": { "type": "integer" },
+                    "waiting": { "type": "integer", "description": "Requests waiting for KV." },
+                    "first_tokens": { "type": "integer", "description": "First tokens since the previous sample." },
+                    "ttft_p50_ms": { "type": "number", "nullable": true },
+                    "ttft_max_ms": { "type": "number", "nullable": true },
+                    "models": { "type": "array", "items": { "type": "object" } },
+                },
+            }},
         },
     })
 }

@@ -70,8 +70,16 @@ fn the_document_parses_lists_every_route_and_resolves_its_refs() {
     assert_eq!(doc["openapi"], "3.0.3");
     let mut paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
     paths.sort();
-    let expected =
-        ["/health", "/metrics", "/openapi.json", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/stats"];
+    let expected = [
+        "/health",
+        "/metrics",
+        "/openapi.json",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/stats",
+        "/v1/stats/history",
+    ];
     assert_eq!(paths, expected);
     let mut found = Vec::new();
     refs(&doc, &mut found);

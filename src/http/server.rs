@@ -54,6 +54,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let limits = state.limits.clone();
+    tokio::spawn(super::history::sample_until_shutdown(state.clone()));
     let factory_state = state.clone();
     let mut server = HttpServer::new(move || build_app(factory_state.clone()))
         .disable_signals()

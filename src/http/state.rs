@@ -101,6 +101,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// `POST /debug/fault` is served (config `debug.fault_injection`).
     pub fault_injection: bool,
+    /// The last minutes of stats (`/v1/stats/history`), sampled while `run_server` serves.
+    pub history: Arc<super::history::StatsHistory>,
     admission: Arc<Semaphore>,
     shutting_down: Arc<AtomicBool>,
     next_id: Arc<AtomicU64>,
@@ -122,6 +124,7 @@ impl AppState {
             created: unix_now(),
             metrics: None,
             fault_injection: false,
+            history: super::history::new_history(),
             shutting_down: Arc::new(AtomicBool::new(false)),
             next_id: Arc::new(AtomicU64::new(1)),
         }
