@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use indicatif::MultiProgress;
 use serde_json::{json, Value};
-use tokenrouter_core::assets::SMOLLM2_GGUF;
+use tokenrouter_core::assets::{assets_dir, SMOLLM2_GGUF};
 use tokenrouter_core::model::gguf_import::write_gguf_tokenizer;
 use tokenrouter_core::model::gguf_read::read_gguf_config;
 use tokenrouter_core::model::presets::{qwen3_shaped, with_arch};
@@ -56,15 +56,11 @@ impl KnownModel {
 }
 
 /// Where a known model's file may already be, in the order looked at: the cache's own
-/// copy, `$TOKENROUTER_ASSETS/<name>/`, the repository's `.cache/assets/<name>/`.
+/// copy, then the test assets' folder (`$TOKENROUTER_ASSETS/<name>/`, by default the
+/// repository's `.cache/assets/<name>/`, where `bash .ci/run` puts it).
 fn candidates(cache_dir: &Path, model: KnownModel) -> Vec<PathBuf> {
     let (name, file) = (model.as_str(), model.file_name());
-    let mut found = vec![cache_dir.join(name).join(file)];
-    if let Some(assets) = std::env::var_os("TOKENROUTER_ASSETS").filter(|a| !a.is_empty()) {
-        found.push(PathBuf::from(assets).join(name).join(file));
-    }
-    found.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/assets").join(name).join(file));
-    found
+    vec![cache_dir.join(name).join(file), assets_dir().join(name).join(file)]
 }
 
 impl ModelCache {
