@@ -52,7 +52,7 @@ async fn chat_prompt_shows_the_answer_and_the_large_models_share() {
     let (large, total, finish) = parse_summary(&stdout);
     let answer = stdout.lines().next().unwrap();
     // Random weights rarely stop: 12 tokens, ended by length (or sooner by EOS).
-    assert!(total >= 1 && total <= 12 && large <= total, "{stdout}");
+    assert!((1..=12).contains(&total) && large <= total, "{stdout}");
     assert!(finish == "length" || finish == "stop", "{stdout}");
     assert!(!answer.trim().is_empty(), "no answer text: {stdout}");
     // Runs written by the large model are marked; with p = 0.5 over 12 tokens the large

@@ -133,13 +133,13 @@ async fn converse(client: &ChatClient, args: &ChatArgs) -> anyhow::Result<()> {
                 writeln!(out, "(conversation cleared)")?;
             }
             "/help" => writeln!(out, "/reset starts over, /quit leaves; anything else is sent.")?,
-            text => match {
+            text => {
                 write!(out, "bot> ")?;
-                ask(client, &mut conversation, text, &settings, color, &mut out).await
-            } {
-                Ok(summary) => writeln!(out, "{summary}")?,
-                Err(e) => writeln!(out, "\nerror: {e:#}")?,
-            },
+                match ask(client, &mut conversation, text, &settings, color, &mut out).await {
+                    Ok(summary) => writeln!(out, "{summary}")?,
+                    Err(e) => writeln!(out, "error: {e:#}")?,
+                }
+            }
         }
     }
 }
