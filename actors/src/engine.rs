@@ -589,8 +589,10 @@ fn tokenize_error(e: TokenizeError) -> EngineError {
 fn shared_tokenizer(config: &EngineConfig) -> Result<Option<TextTokenizer>, EngineError> {
     let mut found: Vec<TextTokenizer> = Vec::new();
     for m in &config.models {
-        if m.path.join("tokenizer.json").is_file() {
-            let t = TextTokenizer::from_folder(&m.path)
+        // A GGUF file's tokenizer files sit beside it.
+        let folder = tokenrouter_core::model::gguf_read::files_folder(&m.path);
+        if folder.join("tokenizer.json").is_file() {
+            let t = TextTokenizer::from_folder(&folder)
                 .map_err(|e| EngineError::ModelLoad { model: m.name.clone(), message: e.to_string() })?;
             found.push(t);
         }

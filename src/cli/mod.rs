@@ -1,5 +1,6 @@
 //! The `tokenrouter` command line.
 
+mod chat_cmd;
 mod generate_cmd;
 mod model_cmd;
 mod node_cmd;
@@ -27,6 +28,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve the OpenAI-compatible API (the built-in demo pair without --config).
     Serve(serve::ServeArgs),
+    /// Chat in the terminal with a running server (--url) or one started here (--config/--model),
+    /// each token in its model's colour.
+    Chat(chat_cmd::ChatArgs),
     /// Make or inspect model folders.
     #[command(subcommand)]
     Model(model_cmd::ModelCommand),
@@ -50,6 +54,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     tracing::debug!(threads, "compute threads");
     match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Chat(args) => chat_cmd::run(args),
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Generate(args) => generate_cmd::run(args),
         Command::Profile(args) => profile_cmd::run(args, threads),

@@ -16,9 +16,8 @@ use crate::http::{self, ApiError, AppState, Generator, Limits, PolicyResolver, R
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// YAML configuration file; without it, the built-in demo pair.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: ConfigSource,
     /// Overrides `server.host`.
     #[arg(long)]
     pub host: Option<String>,
@@ -32,31 +31,91 @@ pub struct ServeArgs {
     pub no_warm_up: bool,
 }
 
+/// Which configuration to run: a file, a built-in one by name, or the demo.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// YAML configuration file; without it (and without --model), the built-in demo pair.
+    #[arg(long, conflicts_with = "model")]
+    pub config: Option<PathBuf>,
+    /// A built-in configuration: `smollm2` (the real SmolLM2-135M-Instruct alone, as
+    /// config/smollm2.yaml), `smollm2-routed` (a random small model routed with it, as
+    /// config/smollm2-routed.yaml) or `demo`.
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+impl ConfigSource {
+    pub fn load(&self) -> anyhow::Result<ServerConfig> {
+        match (&self.config, &self.model) {
+            (Some(path), _) => Ok(ServerConfig::load(path)?),
+            (None, Some(name)) => config::builtin_config(name).map_err(anyhow::Error::msg),
+            (None, None) => Ok(config::demo_config()),
+        }
+    }
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = match &args.config {
-        Some(path) => ServerConfig::load(path)?,
-        None => config::demo_config(),
-    };
+    let mut config = args.source.load()?;
     if let Some(host) = args.host {
         config.server.host = host;
     }
     if let Some(port) = args.port {
         config.server.port = port;
     }
+    let options = StartOptions { warm_up: !args.no_warm_up, report: say };
+    let started = start(config, &options, shutdown_signal()).await?;
+    let addr = started.server.addr();
+    println!("tokenrouter listening on http://{addr}  (dashboard: http://{addr}/dashboard)");
+    started.wait().await?;
+    say("tokenrouter stopped");
+    Ok(())
+}
+
+/// How `start` runs: whether to warm up, and where its status lines go.
+pub struct StartOptions {
+    pub warm_up: bool,
+    pub report: fn(&str),
+}
+
+/// A server answering on its address, with the engines behind it.
+pub struct Started {
+    pub server: http::RunningServer,
+    engines: Vec<Engine>,
+}
+
+impl Started {
+    /// Waits for the server to stop (its shutdown signal), then shuts the engines down.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.server.wait().await?;
+        for engine in self.engines {
+            engine.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+/// Prepares the config's models (writing presets, preparing known models), starts the
+/// engine(s) and the HTTP server on `config.server.address()`; `shutdown` resolving
+/// begins a graceful stop. Used by `serve`, and by `chat` for an in-process server.
+pub async fn start(
+    config: ServerConfig,
+    options: &StartOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Started> {
     // Before the engine starts: metrics recorded without a recorder are lost.
     let metrics = http::install_metrics_recorder()?;
     let progress = indicatif::MultiProgress::new();
     let cache = ModelCache::from_env();
     let prepared = tokio::task::block_in_place(|| config.prepare(&cache, Some(&progress)))?;
     if let Some(t) = &prepared.preset_tokenizer {
-        println!("tokenizer: {}", t.source);
+        (options.report)(&format!("tokenizer: {}", t.source));
     }
-    if !args.no_warm_up {
+    if options.warm_up {
         let limits = &prepared.engine.limits;
         warmup::enable(WarmUpShape { rows: limits.max_batch_rows, tokens: limits.step_token_budget });
         tokio::task::block_in_place(load_backtrace_symbols);
@@ -70,7 +129,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         engine.configure_sessions(config.tokenization.session_config())?;
     }
     spinner.finish_and_clear();
-    print_models(&engine).await;
+    for line in model_lines(engine).await {
+        (options.report)(&line);
+    }
 
     let limits = Limits {
         max_body_bytes: config.server.max_body_bytes,
@@ -88,14 +149,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_served_model(served)
         .with_fault_injection(config.debug.fault_injection)
         .with_metrics(metrics);
-    let server = http::run_server(state, config.server.address(), shutdown_signal()).await?;
-    println!("tokenrouter listening on http://{}  (dashboard: http://{}/dashboard)", server.addr(), server.addr());
-    server.wait().await?;
-    for engine in engines {
-        engine.shutdown().await;
-    }
-    say("tokenrouter stopped");
-    Ok(())
+    let server = http::run_server(state, config.server.address(), shutdown).await?;
+    Ok(Started { server, engines })
 }
 
 /// One engine, or with `pools` the dispatcher over the pools' engines; also every
@@ -140,16 +195,18 @@ fn load_backtrace_symbols() {
 }
 
 /// A status line that never fails the server (stdout may be a closed pipe).
-fn say(line: &str) {
+pub fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-async fn print_models(engine: &Engine) {
+/// One line per model: its shape, context and KV capacity.
+async fn model_lines(engine: &Engine) -> Vec<String> {
     let stats = engine.stats().await;
+    let mut lines = Vec::new();
     for (config, name) in engine.model_configs().iter().zip(engine.model_names()) {
         let kv = stats.iter().find(|s| &s.model == name).map(|s| s.kv);
-        println!(
+        lines.push(format!(
             "model {name}: {} {:.1}M parameters, {} layers, vocab {}, context {}, KV {} tokens",
             config.arch.hf_class(),
             config.num_parameters() as f64 / 1e6,
@@ -157,13 +214,14 @@ async fn print_models(engine: &Engine) {
             config.vocab_size,
             config.max_position_embeddings,
             kv.map(|k| k.total_tokens()).unwrap_or(0)
-        );
+        ));
     }
+    lines
 }
 
 /// SIGINT or SIGTERM. The handlers are installed here, before the server answers
 /// anything, so a signal sent as soon as it is up is never the default (fatal) one.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (interrupt, terminate) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
     async move {

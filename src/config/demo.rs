@@ -32,3 +32,21 @@ pub fn demo_config() -> ServerConfig {
         base_dir: PathBuf::from("."),
     }
 }
+
+/// The configurations `serve --model NAME` and `chat --model NAME` run.
+pub const BUILTIN_CONFIG_NAMES: &[&str] = &["demo", "smollm2", "smollm2-routed"];
+
+/// A built-in configuration by name: `demo` (the above), or `smollm2` / `smollm2-routed`,
+/// the files `config/smollm2.yaml` and `config/smollm2-routed.yaml` compiled in (they name
+/// no relative paths, so the folder they resolve against does not matter).
+pub fn builtin_config(name: &str) -> Result<ServerConfig, String> {
+    let text = match name {
+        "demo" => return Ok(demo_config()),
+        "smollm2" => include_str!("../../config/smollm2.yaml"),
+        "smollm2-routed" => include_str!("../../config/smollm2-routed.yaml"),
+        other => {
+            return Err(format!("no built-in configuration {other:?}; known: {}", BUILTIN_CONFIG_NAMES.join(", ")))
+        }
+    };
+    ServerConfig::from_yaml_str(text, std::path::Path::new(".")).map_err(|e| format!("built-in `{name}`: {e}"))
+}

@@ -12,6 +12,7 @@ mod cache;
 mod catalog;
 mod demo;
 mod error;
+mod known;
 mod pools;
 mod prepare;
 mod remote;
@@ -31,12 +32,15 @@ use std::path::{Path, PathBuf};
 pub use admission::{AdmissionSection, DebugSection};
 pub use cache::{default_cache_dir, ModelCache, TokenizerChoice};
 pub use catalog::{CatalogError, PolicyCatalog};
-pub use demo::demo_config;
+pub use demo::{builtin_config, demo_config, BUILTIN_CONFIG_NAMES};
 pub use error::{ConfigError, Problem};
+pub use known::{how_to_get, SMOLLM2_PYPI_PACKAGE};
 pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
 pub use remote::{ClusterSection, RemoteEntry, TlsSection, COOKIE_ENV};
-pub use schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec};
+pub use schema::{
+    AllowedPolicy, KnownModel, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec,
+};
 pub use tokenization::TokenizationSection;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
 pub use write::write_threshold_table;

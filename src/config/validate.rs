@@ -50,16 +50,26 @@ impl ServerConfig {
             } else if !seen.insert(m.name.as_str()) {
                 p.push(at("name"), format!("`{}` names two models; names must be unique", m.name));
             }
-            match (&m.path, m.preset) {
-                (Some(_), Some(_)) => p.push(format!("models[{i}]"), "give `path` or `preset`, not both"),
-                (None, None) => p.push(
+            let given: Vec<&str> =
+                [("`path`", m.path.is_some()), ("`preset`", m.preset.is_some()), ("`source`", m.source.is_some())]
+                    .iter()
+                    .filter(|(_, set)| *set)
+                    .map(|(key, _)| *key)
+                    .collect();
+            match given.len() {
+                0 => p.push(
                     format!("models[{i}]"),
-                    "give `path` (a Hugging Face model folder) or `preset` (tiny, small or medium)",
+                    "give `path` (a Hugging Face model folder or a .gguf file), `preset` (tiny, small or medium) \
+                     or `source` (smollm2)",
                 ),
-                _ => {}
+                1 => {}
+                _ => p.push(format!("models[{i}]"), format!("give one of {}, not several", given.join(", "))),
             }
             if m.seed.is_some() && m.preset.is_none() {
                 p.push(at("seed"), "only preset models have a seed");
+            }
+            if m.tokenizer.is_some() && m.preset.is_none() {
+                p.push(at("tokenizer"), "only preset models take a tokenizer; other models bring their own");
             }
             if let Some(cap) = m.max_context {
                 if cap < 2 {

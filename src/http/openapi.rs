@@ -129,7 +129,9 @@ fn generation(id: &str, request: &str, response: &str) -> Value {
     responses.insert(
         "200".into(),
         json!({
-            "description": "The completion; with `stream: true`, server-sent events of chunks ending in `data: [DONE]`.",
+            "description": "The completion; with `stream: true`, server-sent events of chunks ending in `data: [DONE]` \
+                (with `routing.trace`, each chunk also names its tokens' models in `routing.models`; with \
+                `stream_options.include_usage`, a last chunk carries `usage` with `tokens_per_model`).",
             "content": {
                 "application/json": { "schema": schema(response) },
                 // Each event: `data` holds a chunk as JSON, or `[DONE]`.
@@ -320,7 +322,10 @@ fn routing(b: &Bounds) -> Value {
             "policy": policy,
             "params": { "type": "object", "nullable": true,
                 "description": format!("The policy's parameters; at most {} bytes as JSON.", b.request.max_routing_params_bytes) },
-            "trace": { "type": "boolean", "description": "Report which model produced each token." },
+            "trace": { "type": "boolean", "description": "Report which model produced each token (a tokenrouter extension): \
+                a whole response's choice gets `routing_trace`, one model name per token; with `stream: true` every chunk \
+                gets a top-level `routing: {\"models\": [...]}`, the model of each token whose text the chunk carries \
+                (tokens held back for a whole character or a possible stop string come with the next chunk that has text)." },
         },
     })
 }

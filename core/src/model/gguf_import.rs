@@ -20,7 +20,7 @@ use super::backend::WeightDtype;
 use super::config::{Arch, ModelConfig};
 use super::error::{ModelError, Result};
 use super::gguf_read::read_gguf_config;
-use super::gguf_tokenizer::{build_tokenizer, check_vocabulary, PreSplit};
+use super::gguf_tokenizer::{build_tokenizer, check_vocabulary, ImportedTokenizer, PreSplit};
 
 /// What an import wrote.
 #[derive(Debug, Clone)]
@@ -106,6 +106,40 @@ pub fn import_gguf(gguf: &Path, out: &Path, dtype: WeightDtype) -> Result<Import
     let safetensors = out.join("model.safetensors");
     candle_core::safetensors::save(&weights, &safetensors)?;
     files.push(safetensors);
+    files.extend(write_tokenizer_files(&tokenizer, config.bos_token_id, out)?);
+    Ok(ImportReport { config, tensors: weights.len(), source_types, pre_tokenizer: tokenizer.pre, files })
+}
+
+/// Writes only the tokenizer files of a GGUF file (`tokenizer.json`,
+/// `tokenizer_config.json` with the chat template, `generation_config.json`) into `out`:
+/// what a server needs beside the file to serve it as it is. Returns the files written.
+pub fn write_gguf_tokenizer(gguf: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+    if !gguf.is_file() {
+        return Err(ModelError::MissingFile(gguf.to_path_buf()));
+    }
+    let refuse = |reason: String| {
+        ModelError::Unsupported(format!("cannot rebuild the tokenizer of {} faithfully: {reason}", gguf.display()))
+    };
+    let mut reader = BufReader::new(File::open(gguf).map_err(|e| ModelError::io(gguf, e))?);
+    let content = Content::read(&mut reader).map_err(|e| {
+        let reason = e.to_string().lines().next().unwrap_or_default().to_string();
+        ModelError::Unsupported(format!("{} is not a readable GGUF file: {reason}", gguf.display()))
+    })?;
+    let config = read_gguf_config(gguf)?;
+    let tokenizer = build_tokenizer(&content.metadata).map_err(refuse)?;
+    if tokenizer.tokenizer.get_vocab_size(true) > config.vocab_size {
+        return Err(refuse(format!(
+            "the vocabulary has {} tokens but the model only {} embeddings",
+            tokenizer.tokenizer.get_vocab_size(true),
+            config.vocab_size
+        )));
+    }
+    std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
+    write_tokenizer_files(&tokenizer, config.bos_token_id, out)
+}
+
+fn write_tokenizer_files(tokenizer: &ImportedTokenizer, bos: Option<u32>, out: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
     let tokenizer_path = out.join("tokenizer.json");
     tokenizer.tokenizer.save(&tokenizer_path, false).map_err(|e| ModelError::InvalidConfig {
         path: tokenizer_path.clone(),
@@ -115,12 +149,12 @@ pub fn import_gguf(gguf: &Path, out: &Path, dtype: WeightDtype) -> Result<Import
     files.push(write_json(out, "tokenizer_config.json", &tokenizer.config)?);
     if !tokenizer.eos_ids.is_empty() {
         let mut generation = serde_json::json!({ "eos_token_id": tokenizer.eos_ids });
-        if let Some(bos) = config.bos_token_id {
+        if let Some(bos) = bos {
             generation["bos_token_id"] = bos.into();
         }
         files.push(write_json(out, "generation_config.json", &generation)?);
     }
-    Ok(ImportReport { config, tensors: weights.len(), source_types, pre_tokenizer: tokenizer.pre, files })
+    Ok(files)
 }
 
 fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<PathBuf> {

