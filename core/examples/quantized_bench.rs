@@ -1,8 +1,9 @@
-//! Candle on a quantized GGUF file against candle on the same file imported as an f32
-//! folder, and on that folder written back as a Q8_0 GGUF (candle has SIMD kernels for
-//! Q8_0 on x86 but runs Q4_1, Q5_0 and Q5_1 on scalar code): prefill tokens/s over one long prompt and decode tokens/s at batch 1, 8 and
-//! 32, the two models measured alternately, round after round, so that a shared
-//! machine's drift hits both alike. Medians are reported.
+//! The candle backend on a quantized GGUF file against the same file imported as an f32
+//! folder, and on that folder written back as a Q8_0 GGUF (Q4_1 and Q8_0 matrices run on
+//! `model::qmatmul`, other block types on candle's `QMatMul`): prefill tokens/s over one
+//! long prompt and decode tokens/s at batch 1, 8 and 32, the models measured
+//! alternately, round after round, so that a shared machine's drift hits all alike.
+//! Medians are reported.
 //!
 //! `cargo run --release -p tokenrouter-core --example quantized_bench -- [FILE.gguf] [ROUNDS]`
 //! (default: the SmolLM2 Q4_1 test asset, 3 rounds; threads from `TOKENROUTER_THREADS`,

@@ -23,6 +23,7 @@ pub mod prefix_cache;
 pub mod presets;
 pub mod profile;
 pub mod projection;
+pub mod qmatmul;
 pub mod quantized;
 pub mod rope;
 pub mod sampler;

@@ -1,14 +1,16 @@
 //! The weights a decoder layer multiplies by, dense (a safetensors checkpoint) or
-//! quantized (a GGUF file's blocks, multiplied by candle's quantized matmul), behind one
-//! type so that the transformer's forward does not care which it runs.
+//! quantized (a GGUF file's blocks, multiplied by our kernel for Q4_1/Q8_0 and by
+//! candle's quantized matmul for other types), behind one type so that the
+//! transformer's forward does not care which it runs.
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Storage, Tensor};
 
 use super::error::{ModelError, Result};
 use super::linear::Linear;
+use super::qmatmul::{self, Format};
 
 /// A layer `y = x Wᵀ + b` over packed token rows.
 #[derive(Debug, Clone)]
@@ -30,7 +32,7 @@ impl Projection {
     pub fn forward_to_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
         match self {
             Projection::Dense(linear) => linear.forward_to_vec(x),
-            Projection::Quantized(q) => Ok(q.forward(x)?.flatten_all()?.to_vec1()?),
+            Projection::Quantized(q) => q.forward_to_vec(x),
         }
     }
 }
@@ -41,8 +43,50 @@ impl Projection {
 /// some v rows in Q6_K) run one after the other and their outputs are concatenated.
 #[derive(Debug, Clone)]
 pub struct QuantizedLinear {
-    parts: Vec<QMatMul>,
+    parts: Vec<QuantizedPart>,
     bias: Option<Tensor>,
+}
+
+/// One stacked matrix, multiplied by our kernel where it has one for the block type
+/// (candle's is scalar for Q4_1, and runs on its own thread pool), else by candle's.
+#[derive(Debug, Clone)]
+enum QuantizedPart {
+    Ours { weight: Arc<QTensor>, format: Format },
+    Candle(QMatMul),
+}
+
+impl QuantizedPart {
+    fn new(weight: Arc<QTensor>) -> Result<Self> {
+        Ok(match Format::of(weight.dtype()) {
+            Some(format) if weight.device().is_cpu() => QuantizedPart::Ours { weight, format },
+            _ => QuantizedPart::Candle(QMatMul::from_arc(weight)?),
+        })
+    }
+
+    fn out_features(&self) -> Result<usize> {
+        Ok(match self {
+            QuantizedPart::Ours { weight, .. } => weight.shape().dims2()?.0,
+            QuantizedPart::Candle(QMatMul::QTensor(w)) => w.shape().dims2()?.0,
+            QuantizedPart::Candle(QMatMul::Tensor(w) | QMatMul::TensorF16(w)) => w.dims2()?.0,
+        })
+    }
+
+    /// `x`: `(m, k)` f32 and contiguous → `(m, out)` as a row-major vector.
+    fn forward_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
+        match self {
+            QuantizedPart::Ours { weight, format } => {
+                let (n, k) = weight.shape().dims2()?;
+                let (m, kx) = x.dims2()?;
+                if kx != k {
+                    return Err(ModelError::Unsupported(format!("({m}, {kx}) inputs to a ({n}, {k}) matrix")));
+                }
+                // Borrowed in place: candle's CPU storage hands out its block bytes.
+                let blocks = weight.data()?;
+                with_f32_slice(x, |xs| qmatmul::matmul(*format, &blocks, n, k, xs, m))?
+            }
+            QuantizedPart::Candle(q) => Ok(q.forward(x)?.flatten_all()?.to_vec1()?),
+        }
+    }
 }
 
 impl QuantizedLinear {
@@ -57,7 +101,7 @@ impl QuantizedLinear {
         }
         let parts = groups
             .into_iter()
-            .map(|group| QMatMul::from_arc(Arc::new(stack_rows(group)?)).map_err(ModelError::from))
+            .map(|group| QuantizedPart::new(Arc::new(stack_rows(group)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(QuantizedLinear { parts, bias })
     }
@@ -65,23 +109,63 @@ impl QuantizedLinear {
     /// The matrix as one matmul, shared with whoever else holds `weight` (the tied
     /// embedding table).
     pub fn shared(weight: QMatMul) -> Self {
-        QuantizedLinear { parts: vec![weight], bias: None }
+        let part = match weight {
+            QMatMul::QTensor(w) => match Format::of(w.dtype()) {
+                Some(format) if w.device().is_cpu() => QuantizedPart::Ours { weight: w, format },
+                _ => QuantizedPart::Candle(QMatMul::QTensor(w)),
+            },
+            other => QuantizedPart::Candle(other),
+        };
+        QuantizedLinear { parts: vec![part], bias: None }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.dims2()?.0;
+        let out = self.parts.iter().map(|p| p.out_features()).sum::<Result<usize>>()?;
+        Ok(Tensor::from_vec(self.forward_to_vec(x)?, (rows, out), &Device::Cpu)?)
+    }
+
+    /// [`forward`](Self::forward) as a row-major f32 vector.
+    pub fn forward_to_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
         let x = x.to_dtype(DType::F32)?.contiguous()?;
-        let y = match self.parts.as_slice() {
-            [one] => one.forward(&x)?,
+        let rows = x.dims2()?.0;
+        let mut y = match self.parts.as_slice() {
+            [one] => one.forward_vec(&x)?,
             parts => {
-                let outs = parts.iter().map(|p| p.forward(&x)).collect::<candle_core::Result<Vec<_>>>()?;
-                Tensor::cat(&outs, 1)?
+                let outs = parts.iter().map(|p| p.forward_vec(&x)).collect::<Result<Vec<_>>>()?;
+                let mut y = Vec::with_capacity(outs.iter().map(Vec::len).sum());
+                for row in 0..rows {
+                    for out in &outs {
+                        let width = out.len() / rows.max(1);
+                        y.extend_from_slice(&out[row * width..(row + 1) * width]);
+                    }
+                }
+                y
             }
         };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        if let Some(b) = &self.bias {
+            let b: Vec<f32> = b.to_dtype(DType::F32)?.to_vec1()?;
+            if rows > 0 && y.len() != rows * b.len() {
+                return Err(ModelError::Unsupported(format!("a bias of {} for {} outputs", b.len(), y.len() / rows)));
+            }
+            for row in y.chunks_exact_mut(b.len().max(1)) {
+                row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
+            }
+        }
+        Ok(y)
     }
+}
+
+/// Runs `f` on the f32 data of a contiguous CPU tensor, without copying it.
+fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(ModelError::Unsupported("quantized matmul on a non-CPU tensor".into()));
+    };
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(ModelError::Unsupported("quantized matmul of a non-contiguous tensor".into()));
+    };
+    Ok(f(&cpu.as_slice::<f32>()?[start..end]))
 }
 
 /// The token embedding table: rows gathered from a dense tensor or dequantized from
@@ -203,8 +287,10 @@ mod tests {
         assert_eq!(mixed.parts.len(), 3);
         // Quantizing is deterministic: the same inputs give the same blocks again.
         let one_by_one = |parts: Vec<QTensor>| {
-            let outs: Vec<Tensor> =
-                parts.into_iter().map(|p| QMatMul::from_qtensor(p).unwrap().forward(&x).unwrap()).collect();
+            let outs: Vec<Tensor> = parts
+                .into_iter()
+                .map(|p| QuantizedLinear::stacked(vec![p], None).unwrap().forward(&x).unwrap())
+                .collect();
             Tensor::cat(&outs, 1).unwrap()
         };
         let expected = one_by_one(vec![q(&a, GgmlDType::Q4_1), q(&b, GgmlDType::Q4_1), q(&c, GgmlDType::Q4_1)]);
