@@ -82,7 +82,7 @@ fn serve_model_smollm2_answers_the_capital_of_france_and_stops_at_eos() {
     let Some(_) = tokenrouter::core::assets::smollm2_gguf() else { return };
     let cache = TempDir::new().unwrap();
     let (_server, url) = serve(cache.path(), "smollm2");
-    let (answer, finish) = streamed_answer(&url, "Which city is the capital of France?");
+    let (answer, finish) = streamed_answer(&url, "Name the capital of France.");
     eprintln!("answer: {answer:?} ({finish})");
     assert!(answer.contains("Paris"), "{answer:?}");
     assert_eq!(finish, "stop", "the answer ends by <|im_end|>: {answer:?}");
@@ -99,7 +99,7 @@ fn chat_on_the_routed_pair_shows_both_models_and_the_share() {
     let cache = TempDir::new().unwrap();
     let out = tokenrouter(cache.path())
         .args(["chat", "--model", "smollm2-routed", "--no-color", "--max-tokens", "24"])
-        .args(["--prompt", "Which city is the capital of France?"])
+        .args(["--prompt", "Name the capital of France."])
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

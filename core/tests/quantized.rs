@@ -128,17 +128,17 @@ fn answer(gguf: &Path, folder: &Path, question: &str) -> (String, FinishReason) 
     (text, out.finish)
 }
 
-/// "What is the capital of France?" is no question for this: the 135M model's f32 answer
-/// ("The capital of France is Paris.") hangs on a first token that wins by 0.08 logits,
-/// and the quantized model starts "L'Étoile, la Marseillaise, …" instead (so does the f32
-/// model itself when asked "What's the capital of France?"). The phrasing below has a
-/// clear first token in both.
+/// The 135M model's first token is a near tie for most phrasings of this question: "What
+/// is the capital of France?" wins by 0.08 logits, "Which city is the capital of France?"
+/// by 0.03 ("The" over "Le", which goes on "Le Grand Château…"), so any rounding change
+/// (another kernel) flips them. "Name the capital of France." wins by 1.45 in f32 and 1.5
+/// with our Q4_1 kernel, and answers "The capital of France is Paris." on every path.
 #[test]
 fn quantized_smollm2_answers_easy_questions_and_stops_at_eos() {
     let Some(gguf) = smollm2() else { return };
     let folder = TempDir::new().unwrap();
     import_gguf(&gguf, folder.path(), WeightDtype::F32).unwrap();
-    let (paris, finish) = answer(&gguf, folder.path(), "Which city is the capital of France?");
+    let (paris, finish) = answer(&gguf, folder.path(), "Name the capital of France.");
     assert!(paris.contains("Paris"), "{paris:?}");
     assert_eq!(finish, FinishReason::Stop, "the answer ends by <|im_end|>");
     let (sum, finish) = answer(&gguf, folder.path(), "What is 2 + 3?");
