@@ -4,7 +4,7 @@
 //! Sampled by the server rather than the page, so a page opened late still sees them.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::{web, HttpResponse};
@@ -124,11 +124,6 @@ fn sample_of(stats: &EngineStats, mut ttfts: Vec<f32>, t: f64) -> Sample {
 
 fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// What the server shares with its sampler.
-pub fn new_history() -> Arc<StatsHistory> {
-    Arc::new(StatsHistory::default())
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ impl AppState {
             created: unix_now(),
             metrics: None,
             fault_injection: false,
-            history: super::history::new_history(),
+            history: Arc::default(),
             shutting_down: Arc::new(AtomicBool::new(false)),
             next_id: Arc::new(AtomicU64::new(1)),
         }

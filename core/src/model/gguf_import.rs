@@ -45,17 +45,9 @@ pub fn import_gguf(gguf: &Path, out: &Path, dtype: WeightDtype) -> Result<Import
             )))
         }
     };
-    if !gguf.is_file() {
-        return Err(ModelError::MissingFile(gguf.to_path_buf()));
-    }
     let refuse =
         |reason: String| ModelError::Unsupported(format!("cannot import {} faithfully: {reason}", gguf.display()));
-    let mut reader = BufReader::new(File::open(gguf).map_err(|e| ModelError::io(gguf, e))?);
-    let content = Content::read(&mut reader).map_err(|e| {
-        // candle appends a backtrace to some errors: the first line is the reason.
-        let reason = e.to_string().lines().next().unwrap_or_default().to_string();
-        ModelError::Unsupported(format!("{} is not a readable GGUF file: {reason}", gguf.display()))
-    })?;
+    let (mut reader, content) = open_gguf(gguf)?;
     let arch = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
     match arch.as_deref() {
         Some("llama") => {}
@@ -89,14 +81,7 @@ pub fn import_gguf(gguf: &Path, out: &Path, dtype: WeightDtype) -> Result<Import
     check_tensors(&config, &weights).map_err(refuse)?;
     source_types.sort();
 
-    let tokenizer = build_tokenizer(&content.metadata).map_err(refuse)?;
-    if tokenizer.tokenizer.get_vocab_size(true) > config.vocab_size {
-        return Err(refuse(format!(
-            "the vocabulary has {} tokens but the model only {} embeddings",
-            tokenizer.tokenizer.get_vocab_size(true),
-            config.vocab_size
-        )));
-    }
+    let tokenizer = tokenizer_for(&content, &config).map_err(refuse)?;
 
     std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     let mut files = Vec::new();
@@ -114,28 +99,38 @@ pub fn import_gguf(gguf: &Path, out: &Path, dtype: WeightDtype) -> Result<Import
 /// `tokenizer_config.json` with the chat template, `generation_config.json`) into `out`:
 /// what a server needs beside the file to serve it as it is. Returns the files written.
 pub fn write_gguf_tokenizer(gguf: &Path, out: &Path) -> Result<Vec<PathBuf>> {
-    if !gguf.is_file() {
-        return Err(ModelError::MissingFile(gguf.to_path_buf()));
-    }
     let refuse = |reason: String| {
         ModelError::Unsupported(format!("cannot rebuild the tokenizer of {} faithfully: {reason}", gguf.display()))
     };
+    let (_, content) = open_gguf(gguf)?;
+    let config = read_gguf_config(gguf)?;
+    let tokenizer = tokenizer_for(&content, &config).map_err(refuse)?;
+    std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
+    write_tokenizer_files(&tokenizer, config.bos_token_id, out)
+}
+
+/// A GGUF file's metadata, and the reader positioned to load its tensors.
+fn open_gguf(gguf: &Path) -> Result<(BufReader<File>, Content)> {
+    if !gguf.is_file() {
+        return Err(ModelError::MissingFile(gguf.to_path_buf()));
+    }
     let mut reader = BufReader::new(File::open(gguf).map_err(|e| ModelError::io(gguf, e))?);
     let content = Content::read(&mut reader).map_err(|e| {
+        // candle appends a backtrace to some errors: the first line is the reason.
         let reason = e.to_string().lines().next().unwrap_or_default().to_string();
         ModelError::Unsupported(format!("{} is not a readable GGUF file: {reason}", gguf.display()))
     })?;
-    let config = read_gguf_config(gguf)?;
-    let tokenizer = build_tokenizer(&content.metadata).map_err(refuse)?;
-    if tokenizer.tokenizer.get_vocab_size(true) > config.vocab_size {
-        return Err(refuse(format!(
-            "the vocabulary has {} tokens but the model only {} embeddings",
-            tokenizer.tokenizer.get_vocab_size(true),
-            config.vocab_size
-        )));
+    Ok((reader, content))
+}
+
+/// The tokenizer rebuilt from the metadata, if the model has an embedding for each token.
+fn tokenizer_for(content: &Content, config: &ModelConfig) -> std::result::Result<ImportedTokenizer, String> {
+    let tokenizer = build_tokenizer(&content.metadata)?;
+    let tokens = tokenizer.tokenizer.get_vocab_size(true);
+    if tokens > config.vocab_size {
+        return Err(format!("the vocabulary has {tokens} tokens but the model only {} embeddings", config.vocab_size));
     }
-    std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
-    write_tokenizer_files(&tokenizer, config.bos_token_id, out)
+    Ok(tokenizer)
 }
 
 fn write_tokenizer_files(tokenizer: &ImportedTokenizer, bos: Option<u32>, out: &Path) -> Result<Vec<PathBuf>> {
