@@ -1,7 +1,9 @@
 //! The llama.cpp backend against the candle backend on the same random weights:
 //! logits and hidden states agree within what llama.cpp's f16 KV cache allows, rows in
 //! one multi-sequence decode equal rows alone, evicted sequences re-admit beside running
-//! decodes, and ended sequences give their cells back.
+//! decodes, and ended sequences give their cells back. On SmolLM2's GGUF (submodules):
+//! our rebuilt tokenizer encodes as llama.cpp's, and llama.cpp's logits agree with
+//! candle's on the f32 import and on the quantized file.
 #![cfg(feature = "llamacpp")]
 
 use std::path::Path;
@@ -13,6 +15,15 @@ use tokenrouter_core::model::presets::qwen3_shaped;
 use tokenrouter_core::model::{
     load_backend, read_model_config, Backend, BackendKind, KvSeq, LoadOptions, ModelError, RowInput, WeightDtype,
 };
+
+mod support;
+use support::{argmax, run};
+
+// SmolLM2's GGUF on llama.cpp against our rebuilt tokenizer and against candle.
+#[path = "llamacpp/smollm2_logits.rs"]
+mod smollm2_logits;
+#[path = "llamacpp/tokenizer.rs"]
+mod tokenizer;
 
 /// Relative tolerance of llama.cpp vs candle logits: llama.cpp stores K/V in f16
 /// (11-bit mantissa, ~5e-4 relative per value) and sums in a different order; over two
@@ -49,18 +60,10 @@ fn tokens(seed: u32, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7919 + seed * 104_729 + 13) % 151_000).collect()
 }
 
-fn run(b: &mut dyn Backend, kv: &mut KvSeq, tokens: &[u32], start: usize) -> Vec<f32> {
-    b.forward(&mut [RowInput { kv, tokens, start }], false).unwrap().row_logits(0).to_vec()
-}
-
 /// Largest difference relative to the reference's range.
 fn relative_diff(got: &[f32], want: &[f32]) -> f32 {
     let range = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max) / range
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0 as u32
 }
 
 /// Greedy steps from a prompt; the logits of every step.

@@ -16,78 +16,13 @@ use tokenrouter_core::model::gguf_import::import_gguf;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::{qwen3_shaped, with_arch};
 use tokenrouter_core::model::sampler::SamplingParams;
-use tokenrouter_core::model::{
-    load_backend, Arch, Backend, CandleBackend, KvSeq, LoadOptions, ModelError, RowInput, WeightDtype,
+use tokenrouter_core::model::{load_backend, Arch, CandleBackend, ModelError, WeightDtype};
+use tokenrouter_core::tokenize::TextTokenizer;
+
+mod support;
+use support::{
+    assert_agreement, chat_prompt, load, max_abs_diff, options, smollm2, teacher_forced, SMOLLM2_LOGIT_TOLERANCE,
 };
-use tokenrouter_core::tokenize::{ChatMessage, ChatTemplate, RenderOptions, TextTokenizer};
-
-/// The GGUF file, or None (having said why) when it is not fetched and not required.
-fn smollm2() -> Option<PathBuf> {
-    tokenrouter_core::assets::smollm2_gguf()
-}
-
-fn options() -> LoadOptions {
-    LoadOptions { kv_budget_bytes: 64 << 20, threads: Some(2), ..LoadOptions::default() }
-}
-
-fn load(path: &Path) -> Box<dyn Backend> {
-    load_backend(path, &options()).unwrap()
-}
-
-fn run(b: &mut dyn Backend, kv: &mut KvSeq, tokens: &[u32], start: usize) -> Vec<f32> {
-    b.forward(&mut [RowInput { kv, tokens, start }], false).unwrap().row_logits(0).to_vec()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0 as u32
-}
-
-/// The gap between the best and the second-best logit.
-fn margin(v: &[f32]) -> f32 {
-    let best = argmax(v) as usize;
-    let second = v.iter().enumerate().filter(|&(i, _)| i != best).fold(f32::MIN, |m, (_, &x)| m.max(x));
-    v[best] - second
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-/// Per step, the logits of `reference` and `candidate` over `prompt` then `steps` greedy
-/// tokens, both fed the reference's choices so that they see the same positions.
-fn teacher_forced(
-    reference: &mut dyn Backend,
-    candidate: &mut dyn Backend,
-    prompt: &[u32],
-    steps: usize,
-) -> Vec<(Vec<f32>, Vec<f32>)> {
-    let (mut kr, mut kc) = (reference.new_sequence(), candidate.new_sequence());
-    let mut out = vec![(run(reference, &mut kr, prompt, 0), run(candidate, &mut kc, prompt, 0))];
-    for step in 0..steps {
-        let next = argmax(&out.last().unwrap().0);
-        let at = prompt.len() + step;
-        out.push((run(reference, &mut kr, &[next], at), run(candidate, &mut kc, &[next], at)));
-    }
-    out
-}
-
-fn chat_prompt(folder: &Path, question: &str) -> Vec<u32> {
-    let tokenizer = TextTokenizer::from_folder(folder).unwrap();
-    let template = ChatTemplate::from_folder(folder).unwrap();
-    let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
-    let prompt = template.render(&[ChatMessage::new("user", question)], &options).unwrap();
-    tokenizer.encode(&prompt, false).unwrap()
-}
-
-/// Q4_1 weights dequantize exactly into the f32 import, so what differs is candle's
-/// quantized matmul rounding each activation row to 8 bits per block of 32 (Q8_1 for
-/// Q4_1, Q8_0 for the tied Q8_0 head), as ggml does, over 30 layers: ~0.5% of a
-/// matmul's largest output each time. Measured on the capital-of-France chat prompt and
-/// 16 greedy steps: max |Δlogit| 1.22 (at the prompt; 0.45–1.13 per step after it),
-/// logits spanning about ±30. With every matrix dequantized to f32
-/// (`CANDLE_DEQUANTIZE_ALL=1`) the same comparison gives 5e-5: the loading (rotary rows,
-/// stacking, tied head) is exact and the rest is the kernels' rounding.
-const SMOLLM2_LOGIT_TOLERANCE: f32 = 2.0;
 
 #[test]
 fn quantized_smollm2_gives_the_logits_of_its_f32_import() {
@@ -100,20 +35,13 @@ fn quantized_smollm2_gives_the_logits_of_its_f32_import() {
     let steps = teacher_forced(f32_folder.as_mut(), quantized.as_mut(), &prompt, 16);
     // The f32 model's first answer token wins by 0.08 only ("The" over "L"): where
     // margins are that thin, 8-bit activations may choose the other token.
-    let mut worst = 0.0f32;
-    for (i, (want, got)) in steps.iter().enumerate() {
-        let diff = max_abs_diff(got, want);
-        worst = worst.max(diff);
-        assert!(diff < SMOLLM2_LOGIT_TOLERANCE, "step {i}: max |Δlogit| {diff}");
-        // Where the reference's choice wins by more than both models can disagree by,
-        // the quantized model must choose it too.
-        if margin(want) > 2.0 * SMOLLM2_LOGIT_TOLERANCE {
-            assert_eq!(argmax(got), argmax(want), "step {i}: margin {}", margin(want));
-        }
-    }
-    let same = steps.iter().filter(|(want, got)| argmax(want) == argmax(got)).count();
-    eprintln!("max |Δlogit| {worst} over {} steps; greedy tokens identical at {same}", steps.len());
-    assert!(same + 2 >= steps.len(), "greedy tokens identical at {same} of {} steps only", steps.len());
+    let agreement = assert_agreement("candle Q4_1 vs f32 import", &steps, SMOLLM2_LOGIT_TOLERANCE);
+    assert!(
+        agreement.same_tokens + 2 >= steps.len(),
+        "greedy tokens identical at {} of {} steps only",
+        agreement.same_tokens,
+        steps.len()
+    );
 }
 
 /// A greedy chat answer from the GGUF file alone: its f32 import supplies only the

@@ -62,9 +62,51 @@ impl Model {
             .ok_or_else(|| ModelError::LlamaCpp(format!("{} did not load (see the llama.cpp log)", path.display())))
     }
 
+    /// The model's vocabulary; it lives as long as the model.
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: the model is alive.
+        unsafe { sys::llama_model_get_vocab(self.ptr.as_ptr()) }
+    }
+
     pub(super) fn vocab_size(&self) -> usize {
-        // SAFETY: the model is alive; the vocab pointer lives as long as the model.
-        unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(self.ptr.as_ptr())) as usize }
+        // SAFETY: the vocab pointer is valid while the model is alive.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab()) as usize }
+    }
+
+    /// `text` as llama.cpp's own tokenizer encodes it: `add_special` adds BOS/EOS where the
+    /// vocabulary asks for them, `parse_special` matches control tokens written in the text.
+    pub(super) fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let too_long = || ModelError::LlamaCpp(format!("a text of {} bytes is too long to tokenize", text.len()));
+        let text_len = i32::try_from(text.len()).map_err(|_| too_long())?;
+        // A byte-level BPE gives at most one token per byte, plus BOS and EOS; a
+        // vocabulary that gives more says how many, and the second call has room.
+        let mut ids: Vec<i32> = vec![0; text.len() + 2];
+        for _ in 0..2 {
+            let room = i32::try_from(ids.len()).map_err(|_| too_long())?;
+            // SAFETY: `text` is `text_len` valid bytes (llama.cpp reads the length, no NUL
+            // is needed); `ids` has room for `room` tokens and llama.cpp writes at most that
+            // many; the vocab is valid while the model is alive.
+            let n = unsafe {
+                sys::llama_tokenize(
+                    self.vocab(),
+                    text.as_ptr() as *const c_char,
+                    text_len,
+                    ids.as_mut_ptr(),
+                    room,
+                    add_special,
+                    parse_special,
+                )
+            };
+            match n {
+                i32::MIN => return Err(too_long()),
+                n if n >= 0 => {
+                    ids.truncate(n as usize);
+                    return Ok(ids.into_iter().map(|id| id as u32).collect());
+                }
+                n => ids.resize(n.unsigned_abs() as usize, 0),
+            }
+        }
+        Err(ModelError::LlamaCpp("llama_tokenize asked for more room twice".into()))
     }
 
     pub(super) fn hidden_size(&self) -> usize {
@@ -123,7 +165,7 @@ pub(super) struct Context {
     /// Read by `capture_hidden` through the pointer given at creation: boxed, so it
     /// does not move, and dropped after the context (field order).
     capture: Box<HiddenCapture>,
-    _model: std::sync::Arc<Model>,
+    model: std::sync::Arc<Model>,
 }
 
 // SAFETY: a llama_context may move between threads; it is used from one at a time
@@ -163,7 +205,11 @@ impl Context {
         };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| ModelError::LlamaCpp("the context could not be created (see the llama.cpp log)".into()))?;
-        Ok(Context { ptr, capture, _model: model })
+        Ok(Context { ptr, capture, model })
+    }
+
+    pub(super) fn model(&self) -> &Model {
+        &self.model
     }
 
     /// Forgets K/V of `seq` from position `from` on.

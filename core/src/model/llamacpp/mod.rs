@@ -83,6 +83,13 @@ impl LlamaCppBackend {
         })
     }
 
+    /// `text` as llama.cpp's own tokenizer encodes it, for checking ours against it:
+    /// `add_special` adds BOS/EOS where the vocabulary asks for them, `parse_special`
+    /// matches control tokens (`<|im_start|>`) written in the text.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        self.context.model().tokenize(text, add_special, parse_special)
+    }
+
     /// Replays the pool's events on llama.cpp's cache.
     fn apply_events(&mut self) -> Result<()> {
         let events = self.pool.take_events();
