@@ -12,23 +12,22 @@ use candle_core::{Device, Tensor};
 use tempfile::TempDir;
 use tokenrouter_core::model::generate::{generate, FinishReason};
 use tokenrouter_core::model::gguf::{write_gguf, GgufType};
-use tokenrouter_core::model::gguf_import::import_gguf;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::{qwen3_shaped, with_arch};
 use tokenrouter_core::model::sampler::SamplingParams;
-use tokenrouter_core::model::{load_backend, Arch, CandleBackend, ModelError, WeightDtype};
+use tokenrouter_core::model::{load_backend, Arch, CandleBackend, ModelError};
 use tokenrouter_core::tokenize::TextTokenizer;
 
 mod support;
 use support::{
-    assert_agreement, chat_prompt, load, max_abs_diff, options, smollm2, teacher_forced, SMOLLM2_LOGIT_TOLERANCE,
+    assert_agreement, chat_prompt, f32_import, load, max_abs_diff, options, smollm2, teacher_forced,
+    SMOLLM2_LOGIT_TOLERANCE,
 };
 
 #[test]
 fn quantized_smollm2_gives_the_logits_of_its_f32_import() {
     let Some(gguf) = smollm2() else { return };
-    let folder = TempDir::new().unwrap();
-    import_gguf(&gguf, folder.path(), WeightDtype::F32).unwrap();
+    let folder = f32_import(&gguf);
     let prompt = chat_prompt(folder.path(), "What is the capital of France?");
     let (mut f32_folder, mut quantized) = (load(folder.path()), load(&gguf));
     assert_eq!(quantized.config(), f32_folder.config());
@@ -64,8 +63,7 @@ fn answer(gguf: &Path, folder: &Path, question: &str) -> (String, FinishReason) 
 #[test]
 fn quantized_smollm2_answers_easy_questions_and_stops_at_eos() {
     let Some(gguf) = smollm2() else { return };
-    let folder = TempDir::new().unwrap();
-    import_gguf(&gguf, folder.path(), WeightDtype::F32).unwrap();
+    let folder = f32_import(&gguf);
     let (paris, finish) = answer(&gguf, folder.path(), "Name the capital of France.");
     assert!(paris.contains("Paris"), "{paris:?}");
     assert_eq!(finish, FinishReason::Stop, "the answer ends by <|im_end|>");

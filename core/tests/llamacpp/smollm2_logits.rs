@@ -2,28 +2,29 @@
 //! the quantized file, and llama.cpp on the file, each fed the reference's greedy tokens
 //! over a chat prompt and 16 steps.
 
-use tempfile::TempDir;
-use tokenrouter_core::model::gguf_import::import_gguf;
-use tokenrouter_core::model::{BackendKind, WeightDtype};
+use tokenrouter_core::model::BackendKind;
 
-use crate::support::{assert_agreement, chat_prompt, load, load_on, smollm2, teacher_forced, SMOLLM2_LOGIT_TOLERANCE};
+use crate::support::{
+    assert_agreement, chat_prompt, f32_import, load, load_on, smollm2, teacher_forced, SMOLLM2_LOGIT_TOLERANCE,
+};
 
 const STEPS: usize = 16;
 
 /// llama.cpp against the f32 import: the same 8-bit activation blocks as candle's Q4_1
 /// path (Q8_1 for Q4_1 weights, Q8_0 for the tied head), plus K/V stored in f16 and
-/// ggml's own summation order. Measured: TODO.
-const LLAMACPP_VS_F32_TOLERANCE: f32 = 2.0;
+/// ggml's own order of sums. Measured: max |Δlogit| 1.64 over the 17 steps (logits span
+/// about ±30).
+const LLAMACPP_VS_F32_TOLERANCE: f32 = 2.5;
 
-/// llama.cpp against candle on the same quantized file: both round activations the same
-/// way, so what is left is the f16 cache and the order of sums. Measured: TODO.
+/// llama.cpp against candle on the same quantized file: both round activations alike, so
+/// what is left is the f16 cache and the order of sums. Measured: 1.32, about what each
+/// differs from the f32 import by (1.21 and 1.64): the two roundings are not the same.
 const LLAMACPP_VS_CANDLE_Q4_1_TOLERANCE: f32 = 2.0;
 
 #[test]
 fn smollm2_logits_agree_between_candle_f32_candle_q4_1_and_llamacpp() {
     let Some(gguf) = smollm2() else { return };
-    let folder = TempDir::new().unwrap();
-    import_gguf(&gguf, folder.path(), WeightDtype::F32).unwrap();
+    let folder = f32_import(&gguf);
     // Its first answer token wins by 1.45 logits: not a tie that rounding flips.
     let prompt = chat_prompt(folder.path(), "Name the capital of France.");
     let mut f32_folder = load(folder.path());
@@ -41,6 +42,8 @@ fn smollm2_logits_agree_between_candle_f32_candle_q4_1_and_llamacpp() {
     ];
     for (what, steps, tolerance) in pairs {
         let agreement = assert_agreement(what, steps, tolerance);
-        assert_eq!(agreement.steps, STEPS + 1);
+        // On this prompt the greedy token wins by 1.0 logits or more at every step, and
+        // by more than 2 at 14 of the 17: most steps are held to the same token.
+        assert!(agreement.clear_steps >= 12, "{what}: only {} steps had a clear winner", agreement.clear_steps);
     }
 }

@@ -141,13 +141,19 @@ fn smollm2_rebuilt_tokenizer_encodes_as_llamacpp_over_10k_strings() {
     let ours = TextTokenizer::from_folder(folder.path()).unwrap();
     let llamacpp = LlamaCppBackend::load(&gguf, &options()).unwrap();
 
+    // The comparison can fail: llama.cpp reads a control token as one id only when asked.
+    assert_eq!(llamacpp.tokenize("<|im_end|>", false, true).unwrap(), [2]);
+    assert!(llamacpp.tokenize("<|im_end|>", false, false).unwrap().len() > 1);
+
     let nasty = nasty_strings();
     let mut strings = generated_strings(0x5EED_0018, GENERATED);
     strings.extend(nasty.iter().cloned());
     let mut divergences = Vec::new();
+    let mut tokens = 0;
     for text in &strings {
         let want = llamacpp.tokenize(text, false, true).unwrap();
         let got = ours.encode(text, false).unwrap();
+        tokens += want.len();
         if got != want {
             divergences.push(format!("{text:?}\n  ours:      {got:?}\n  llama.cpp: {want:?}"));
         }
@@ -156,7 +162,7 @@ fn smollm2_rebuilt_tokenizer_encodes_as_llamacpp_over_10k_strings() {
     for text in &nasty {
         assert_eq!(ours.encode(text, true).unwrap(), llamacpp.tokenize(text, true, true).unwrap(), "{text:?}");
     }
-    eprintln!("compared {} strings; {} diverge", strings.len(), divergences.len());
+    eprintln!("compared {} strings ({tokens} tokens); {} diverge", strings.len(), divergences.len());
     assert!(
         divergences.is_empty(),
         "{} of {} strings encode differently:\n{}",
