@@ -133,6 +133,22 @@ fn generated_strings(seed: u64, n: usize) -> Vec<String> {
     (0..n).map(|i| generated_string(&mut rng, i)).collect()
 }
 
+/// Each string both sides encode differently (the string and both id lists), and how
+/// many tokens llama.cpp gave in all.
+fn divergences(ours: &TextTokenizer, llamacpp: &LlamaCppBackend, strings: &[String]) -> (Vec<String>, usize) {
+    let mut divergences = Vec::new();
+    let mut tokens = 0;
+    for text in strings {
+        let want = llamacpp.tokenize(text, false, true).unwrap();
+        let got = ours.encode(text, false).unwrap();
+        tokens += want.len();
+        if got != want {
+            divergences.push(format!("{text:?}\n  ours:      {got:?}\n  llama.cpp: {want:?}"));
+        }
+    }
+    (divergences, tokens)
+}
+
 #[test]
 fn smollm2_rebuilt_tokenizer_encodes_as_llamacpp_over_10k_strings() {
     let Some(gguf) = smollm2() else { return };
@@ -148,16 +164,7 @@ fn smollm2_rebuilt_tokenizer_encodes_as_llamacpp_over_10k_strings() {
     let nasty = nasty_strings();
     let mut strings = generated_strings(0x5EED_0018, GENERATED);
     strings.extend(nasty.iter().cloned());
-    let mut divergences = Vec::new();
-    let mut tokens = 0;
-    for text in &strings {
-        let want = llamacpp.tokenize(text, false, true).unwrap();
-        let got = ours.encode(text, false).unwrap();
-        tokens += want.len();
-        if got != want {
-            divergences.push(format!("{text:?}\n  ours:      {got:?}\n  llama.cpp: {want:?}"));
-        }
-    }
+    let (divergences, tokens) = divergences(&ours, &llamacpp, &strings);
     // Asked to add specials, neither adds a BOS to SmolLM2's texts.
     for text in &nasty {
         assert_eq!(ours.encode(text, true).unwrap(), llamacpp.tokenize(text, true, true).unwrap(), "{text:?}");
