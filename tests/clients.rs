@@ -85,20 +85,37 @@ fn tool(var: &str, default: &str, ci_installs: bool) -> Option<String> {
     }
 }
 
+/// Runs `examples/<script>` with a Python that has `modules` against a fresh server;
+/// its stdout, or None where the test skips.
+fn run_python_example(script: &str, modules: &str) -> Option<String> {
+    let python = tool("TOKENROUTER_PYTHON", "python3", true)?;
+    let import = format!("import {modules}");
+    let has_modules = Command::new(&python).args(["-c", &import]).status().map(|s| s.success()).unwrap_or(false);
+    if !has_modules {
+        return tokenrouter::core::assets::missing(format_args!("the packages {modules} for {python}"));
+    }
+    let server = start()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(script);
+    let out = Command::new(&python).arg(script).args(["--base-url", &format!("{}/v1", server.url)]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    Some(stdout)
+}
+
 #[test]
 fn the_official_openai_client_streams_and_reads_usage() {
-    let Some(python) = tool("TOKENROUTER_PYTHON", "python3", true) else { return };
-    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().map(|s| s.success()).unwrap_or(false);
-    if !has_openai {
-        tokenrouter::core::assets::missing::<()>(format_args!("the openai package for {python}"));
-        return;
-    }
-    let Some(server) = start() else { return };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_client.py");
-    let out = Command::new(&python).arg(script).args(["--base-url", &format!("{}/v1", server.url)]).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let Some(stdout) = run_python_example("openai_client.py", "openai") else { return };
     assert!(stdout.contains("streamed") && stdout.contains("completion:"), "{stdout}");
+}
+
+/// Pydantic parsing, schemas validated by `jsonschema`, logit_bias and refusals by name,
+/// on random weights through the routed pair.
+#[test]
+fn the_official_openai_client_gets_structured_outputs_and_refusals() {
+    let Some(stdout) = run_python_example("structured_outputs.py", "openai, jsonschema") else { return };
+    for line in ["parsed:", "validated 30 outputs", "logit_bias:", "refused by name:"] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
 }
 
 #[test]

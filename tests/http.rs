@@ -273,10 +273,52 @@ async fn bad_requests_get_their_status_and_envelope_and_the_server_keeps_serving
             Some("max_tokens"),
         ),
         (
-            "n = 2",
-            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "n": 2 })),
+            "n over the limit",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}], "n": 17 })),
             400,
             Some("n"),
+        ),
+        (
+            "a field the server does not implement",
+            s.client.post(format!("{}/v1/completions", s.url)).json(&json!({ "prompt": "a", "suffix": "b" })),
+            400,
+            Some("suffix"),
+        ),
+        (
+            "an unknown role",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "wizard", "content": "hi"}] })),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "an unknown response_format",
+            s.client
+                .post(&chat_url)
+                .json(&json!({ "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"} })),
+            400,
+            Some("response_format.type"),
+        ),
+        (
+            "a grammar that does not compile",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "regex", "regex": "a("} })),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "a logit_bias out of range",
+            s.client
+                .post(&chat_url)
+                .json(&json!({ "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101} })),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            "an image part",
+            s.client.post(&chat_url).json(&json!({ "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}] })),
+            400,
+            None,
         ),
         (
             "body too large",

@@ -18,6 +18,7 @@ use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, SubserverSnapshot};
 use crate::config::{AdmissionConfig, EngineConfig};
 use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent, Usage};
+use crate::grammar::Grammars;
 use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, Ticket};
 use crate::kv_sharing::share_colocated_kv;
 pub use crate::launch::GenerationStream;
@@ -60,6 +61,7 @@ pub struct EngineShared {
     closing: AtomicBool,
     tokenizer: Option<TextTokenizer>,
     tokenizer_actor: Option<ActorRef<TokenizerMsg>>,
+    grammars: Arc<Grammars>,
     /// The remote subservers' links, for the dashboard.
     nodes: Vec<Arc<parking_lot::Mutex<NodeStatus>>>,
     /// Each model's block pool where it is in this process (`None`: a remote model).
@@ -307,6 +309,7 @@ impl Engine {
             max_context,
             eos_ids,
             closing: AtomicBool::new(false),
+            grammars: Arc::new(Grammars::new(tokenizer.clone(), shared_vocab)),
             tokenizer,
             tokenizer_actor,
             nodes: front.map(|f| f.statuses).unwrap_or_default(),
@@ -362,6 +365,10 @@ impl Engine {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
+        let constraint = match request.grammar {
+            Some(grammar) => Some(s.grammars.compile(grammar, stop_ids.clone()).await?),
+            None => None,
+        };
         let spec = Arc::new(RequestSpec {
             id,
             prompt: request.prompt,
@@ -369,6 +376,7 @@ impl Engine {
             sampling: request.sampling,
             stop_ids,
             policy: request.policy.unwrap_or_else(|| s.default_policy.clone()),
+            constraint,
         });
         let need = KvNeed::new(spec.prompt.len(), max_tokens)
             .with_cached(s.cached_everywhere(&spec.prompt))

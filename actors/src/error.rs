@@ -10,6 +10,9 @@ pub enum EngineError {
     Config(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The request's grammar or schema (structured outputs) cannot be compiled.
+    #[error("invalid response_format: {0}")]
+    InvalidGrammar(String),
     #[error("the prompt needs {needed} tokens of KV but model {model} holds at most {capacity}")]
     TooLarge { needed: usize, capacity: usize, model: String },
     /// The admission queue is full (429).

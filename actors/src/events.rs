@@ -1,6 +1,7 @@
 //! What a client of the engine receives for one request.
 
 use serde::Serialize;
+use tokenrouter_core::constrain::GrammarSpec;
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::policy::{ModelIndex, Policy};
 use tokenrouter_core::sched::FinishReason;
@@ -27,6 +28,8 @@ pub struct GenerateRequest {
     pub skip_special_tokens: bool,
     /// The request ends with an error once this much time has passed.
     pub deadline: Option<std::time::Duration>,
+    /// Structured output: what the output must match.
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl GenerationEvent {
@@ -47,6 +50,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             skip_special_tokens: true,
             deadline: None,
+            grammar: None,
         }
     }
 }

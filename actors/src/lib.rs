@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod events;
+mod grammar;
 pub mod kv_manager;
 mod kv_sharing;
 mod launch;

@@ -21,6 +21,7 @@ fn spec() -> Arc<RequestSpec> {
                 (0..2).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: 100 }).collect();
             build("random", &serde_json::json!({}), &infos, &PolicyContext::default()).expect("a built-in policy")
         },
+        constraint: None,
     })
 }
 

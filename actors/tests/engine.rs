@@ -9,10 +9,10 @@ use futures::StreamExt;
 use tempfile::TempDir;
 use tokenrouter_actors::{Engine, EngineConfig, Fault, GenerateRequest, GenerationEvent, ModelSpec, StepLimits};
 use tokenrouter_core::model::generate::generate;
-use tokenrouter_core::model::init::{write_random_model, InitOptions};
+use tokenrouter_core::model::init::{copy_tokenizer, write_random_model, InitOptions};
 use tokenrouter_core::model::presets::qwen3_shaped;
 use tokenrouter_core::model::sampler::SamplingParams;
-use tokenrouter_core::model::{load_backend, Backend, CandleBackend, LoadOptions};
+use tokenrouter_core::model::{load_backend, Backend, BackendKind, CandleBackend, LoadOptions};
 use tokenrouter_core::policy::{self, ModelIndex, ModelInfo, Policy, PolicyContext};
 use tokenrouter_core::sched::reference::{Reference, ReferenceOutput};
 use tokenrouter_core::sched::{BatchingRule, RequestSpec};
@@ -112,7 +112,9 @@ async fn collect(engine: &Engine, r: GenerateRequest) -> (Vec<(u32, ModelIndex)>
     panic!("stream ended without a final event");
 }
 
-fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64, ReferenceOutput> {
+/// The sequential reference's output for each of requests `0..n`, whose specs
+/// `spec_of(i)` gives, on fresh copies of the models.
+fn run_reference(m: &Models, n: u64, spec_of: impl Fn(u64) -> RequestSpec) -> HashMap<u64, ReferenceOutput> {
     let mut backends: Vec<Box<dyn Backend>> =
         m.dirs.iter().zip(&m.load).map(|(d, load)| load_backend(d.path(), load).unwrap()).collect();
     let mut reference = Reference {
@@ -120,21 +122,23 @@ fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64
         shared_vocab: m.vocab,
         max_context: 4096,
     };
-    (0..n)
-        .map(|i| {
-            let r = request_in(m, i);
-            // The engine's seeds and stop ids come from the same request fields.
-            let spec = RequestSpec {
-                id: i,
-                prompt: r.prompt,
-                max_tokens: r.max_tokens,
-                sampling: r.sampling,
-                stop_ids: vec![],
-                policy: policy.clone(),
-            };
-            (i, reference.run(&spec).unwrap())
-        })
-        .collect()
+    (0..n).map(|i| (i, reference.run(&spec_of(i)).unwrap())).collect()
+}
+
+fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64, ReferenceOutput> {
+    run_reference(m, n, |i| {
+        let r = request_in(m, i);
+        // The engine's seeds and stop ids come from the same request fields.
+        RequestSpec {
+            id: i,
+            prompt: r.prompt,
+            max_tokens: r.max_tokens,
+            sampling: r.sampling,
+            stop_ids: vec![],
+            policy: policy.clone(),
+            constraint: None,
+        }
+    })
 }
 
 /// 16 concurrent requests under several thresholds and arrival orders give the
@@ -548,40 +552,39 @@ async fn online_replanning_moves_off_thresholds_that_starve_the_small_model() {
     engine.shutdown().await;
 }
 
+const QWEN3_VOCAB: usize = 151_936;
+
+fn qwen3_models(backends: &[BackendKind]) -> Option<Models> {
+    let tokenizer = tokenrouter_core::assets::tokenizer_dir("qwen3")?;
+    let mut dirs = Vec::new();
+    let mut load = Vec::new();
+    for (i, &backend) in backends.iter().enumerate() {
+        let dir = TempDir::new().unwrap();
+        let h = 64 + 32 * i;
+        let config = qwen3_shaped(h, 2, 4, 2, 2 * h, QWEN3_VOCAB);
+        write_random_model(&config, &InitOptions { seed: 60 + i as u64, std: 0.2 }, dir.path()).unwrap();
+        copy_tokenizer(&tokenizer, dir.path()).unwrap();
+        dirs.push(dir);
+        load.push(LoadOptions { backend, threads: Some(1), ..load_options() });
+    }
+    // llama.cpp's f16 KV and shape-dependent kernels move logits by ~1e-3 of their
+    // range between batched and single-row steps: greedy ties closer than this may
+    // break either way.
+    let greedy_gap = backends.contains(&BackendKind::Llamacpp).then_some(0.05);
+    Some(Models { dirs, load, vocab: QWEN3_VOCAB, greedy_gap })
+}
+
+fn random_qwen3(p: f64) -> Arc<dyn Policy> {
+    let infos: Vec<ModelInfo> =
+        (0..2).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: QWEN3_VOCAB }).collect();
+    policy::build("random", &serde_json::json!({ "p": p }), &infos, &PolicyContext::default()).unwrap()
+}
+
 /// The same property with llama.cpp kernels: both models on llama.cpp, and one on each
 /// backend. Random Qwen3-shaped models with the real tokenizer (llama.cpp needs one).
 #[cfg(feature = "llamacpp")]
 mod llamacpp {
     use super::*;
-    use tokenrouter_core::model::init::copy_tokenizer;
-    use tokenrouter_core::model::BackendKind;
-
-    const QWEN3_VOCAB: usize = 151_936;
-
-    fn qwen3_models(backends: &[BackendKind]) -> Option<Models> {
-        let tokenizer = tokenrouter_core::assets::tokenizer_dir("qwen3")?;
-        let mut dirs = Vec::new();
-        let mut load = Vec::new();
-        for (i, &backend) in backends.iter().enumerate() {
-            let dir = TempDir::new().unwrap();
-            let h = 64 + 32 * i;
-            let config = qwen3_shaped(h, 2, 4, 2, 2 * h, QWEN3_VOCAB);
-            write_random_model(&config, &InitOptions { seed: 60 + i as u64, std: 0.2 }, dir.path()).unwrap();
-            copy_tokenizer(&tokenizer, dir.path()).unwrap();
-            dirs.push(dir);
-            load.push(LoadOptions { backend, threads: Some(1), ..load_options() });
-        }
-        // llama.cpp's f16 KV and shape-dependent kernels move logits by ~1e-3 of their
-        // range between batched and single-row steps: greedy ties closer than this may
-        // break either way.
-        Some(Models { dirs, load, vocab: QWEN3_VOCAB, greedy_gap: Some(0.05) })
-    }
-
-    fn random_qwen3(p: f64) -> Arc<dyn Policy> {
-        let infos: Vec<ModelInfo> =
-            (0..2).map(|i| ModelInfo { name: format!("m{i}"), hidden_size: 0, vocab_size: QWEN3_VOCAB }).collect();
-        policy::build("random", &serde_json::json!({ "p": p }), &infos, &PolicyContext::default()).unwrap()
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_models_on_llamacpp_serve_as_the_sequential_reference() {
@@ -595,3 +598,6 @@ mod llamacpp {
         check_against_reference(&m, random_qwen3(0.3), &cases(2)[..2]).await;
     }
 }
+
+#[path = "engine/structured.rs"]
+mod structured;

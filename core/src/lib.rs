@@ -1,4 +1,5 @@
 pub mod assets;
+pub mod constrain;
 pub mod model;
 pub mod policy;
 pub mod pool;

@@ -91,6 +91,7 @@ fn specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
                 sampling,
                 stop_ids: vec![],
                 policy: policy.clone(),
+                constraint: None,
             })
         })
         .collect()
@@ -274,7 +275,15 @@ fn sharing_specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
                 prompt.extend((0..7).map(|i| (i * 31 + turn as u32 * 57 + (id / 3) as u32 * 101) % 400));
             }
             let sampling = SamplingParams { temperature: 0.8, seed: 7 + id, ..SamplingParams::default() };
-            Arc::new(RequestSpec { id, prompt, max_tokens: 10, sampling, stop_ids: vec![], policy: policy.clone() })
+            Arc::new(RequestSpec {
+                id,
+                prompt,
+                max_tokens: 10,
+                sampling,
+                stop_ids: vec![],
+                policy: policy.clone(),
+                constraint: None,
+            })
         })
         .collect()
 }

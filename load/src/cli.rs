@@ -98,6 +98,10 @@ pub struct LoadArgs {
     /// Ask for the model of every token (`routing.trace`), counted while streaming.
     #[arg(long)]
     pub routing_trace: bool,
+    /// OpenAI's `response_format` as JSON (structured outputs), e.g.
+    /// '{"type":"json_schema","json_schema":{"name":"x","schema":{...}}}'.
+    #[arg(long)]
+    pub response_format: Option<String>,
     /// Standard serving: route token by token from here over one single-model server
     /// per model (--servers), each call the whole sequence with max_tokens = 1,
     /// instead of sending requests to --url.
@@ -325,12 +329,17 @@ impl LoadArgs {
         if self.routing_trace {
             routing.get_or_insert_with(|| serde_json::json!({}))["trace"] = serde_json::json!(true);
         }
+        let response_format = match &self.response_format {
+            Some(text) => Some(serde_json::from_str(text).context("--response-format is not JSON")?),
+            None => None,
+        };
         Ok(RequestOptions {
             endpoint: self.endpoint,
             model: self.model.clone(),
             ignore_eos: !self.allow_eos,
             temperature: self.temperature,
             routing,
+            response_format,
         })
     }
 

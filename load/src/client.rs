@@ -39,6 +39,8 @@ pub struct RequestOptions {
     pub temperature: Option<f32>,
     /// tokenrouter's `routing` object (`{"policy": ..., "params": ..., "trace": ...}`).
     pub routing: Option<Value>,
+    /// OpenAI's `response_format` (structured outputs), sent as given.
+    pub response_format: Option<Value>,
 }
 
 /// The conversation of a request so far: user turns and the answers between them.
@@ -189,6 +191,9 @@ impl Client {
         if let Some(routing) = &o.routing {
             body["routing"] = routing.clone();
         }
+        if let Some(format) = &o.response_format {
+            body["response_format"] = format.clone();
+        }
         body
     }
 
@@ -308,6 +313,7 @@ mod tests {
             ignore_eos: true,
             temperature: None,
             routing: Some(json!({ "trace": true })),
+            response_format: None,
         };
         Client::new(Target::parse("http://127.0.0.1:1").unwrap(), options).unwrap()
     }

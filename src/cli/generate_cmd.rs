@@ -56,7 +56,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         presence_penalty: args.presence_penalty,
         frequency_penalty: args.frequency_penalty,
         seed: args.seed,
-        logprobs: None,
+        ..SamplingParams::default()
     };
     params.validate()?;
     let tokenizer = load_tokenizer(&args.model, args.prompt.is_some() || !args.ids)?;

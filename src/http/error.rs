@@ -135,6 +135,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::InvalidRequest(m) => ApiError::BadRequest { message: m, param: None },
+            e @ EngineError::InvalidGrammar(_) => ApiError::bad_request(e.to_string(), Some("response_format")),
             // The prompt can never fit this engine's KV: the client must send less.
             e @ EngineError::TooLarge { .. } => ApiError::bad_request(e.to_string(), None),
             EngineError::ShuttingDown => ApiError::ShuttingDown,

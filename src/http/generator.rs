@@ -88,6 +88,11 @@ pub trait Generator: Send + Sync + 'static {
     /// One token as text, for logprobs (`<id>` when there is no tokenizer).
     fn token_text(&self, id: u32) -> String;
 
+    /// Token ids back to text, special tokens included (`/detokenize`).
+    fn decode(&self, _ids: Vec<u32>) -> Result<String, EngineError> {
+        Err(EngineError::InvalidRequest("this server cannot detokenize".into()))
+    }
+
     fn stats(&self) -> BoxFuture<'_, EngineStats>;
 
     /// Times to first token (seconds) of requests whose first token came since the
@@ -162,6 +167,13 @@ impl Generator for Engine {
 
     fn token_text(&self, id: u32) -> String {
         self.tokenizer().and_then(|t| t.decode(&[id], false).ok()).unwrap_or_else(|| format!("<{id}>"))
+    }
+
+    fn decode(&self, ids: Vec<u32>) -> Result<String, EngineError> {
+        let tokenizer = self
+            .tokenizer()
+            .ok_or_else(|| EngineError::InvalidRequest("this engine's models have no tokenizer".into()))?;
+        tokenizer.decode(&ids, false).map_err(|e| EngineError::InvalidRequest(e.to_string()))
     }
 
     fn stats(&self) -> BoxFuture<'_, EngineStats> {

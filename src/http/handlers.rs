@@ -5,13 +5,13 @@ use actix_web::http::header;
 use actix_web::{web, HttpResponse};
 use futures::StreamExt;
 use serde_json::Value;
-use tokenrouter_actors::GenerationEvent;
+use tokenrouter_actors::{GenerationEvent, Usage};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, Authorized, SessionHeader};
 use super::generator::EventStream;
 use super::request::{Endpoint, OpenAiRequest};
-use super::response::{Collected, Shape, StreamEncoder, TokenInfo};
+use super::response::{add_choice_usage, Collected, Shape, StreamEncoder, TokenInfo};
 use super::sse::SseStream;
 use super::state::{unix_now, AppState};
 
@@ -48,12 +48,16 @@ async fn serve(state: &AppState, body: OpenAiRequest, endpoint: Endpoint) -> Res
     let permit = state.admit()?;
     let plan = body.plan(state, endpoint).await?;
     let shape = Shape::new(&plan, state.next_response_id(), unix_now(), state.engine.clone());
-    let stream = plan.stream;
     // Errors up to here (including the engine refusing the request) are HTTP errors;
-    // once the stream has begun they travel inside it.
-    let events = state.engine.generate_with_text(plan.generate, plan.prompt_text.as_deref()).await?;
-    if stream {
-        let body = SseStream::new(events, StreamEncoder::new(shape), state.limits.keep_alive_interval, permit);
+    // once the stream has begun they travel inside it. A choice refused after others
+    // were admitted refuses the whole request: dropping their streams cancels them.
+    let mut streams = Vec::with_capacity(plan.n);
+    for request in plan.choice_requests() {
+        streams.push(state.engine.generate_with_text(request, plan.prompt_text.as_deref()).await?);
+    }
+    if plan.stream {
+        let encoders = (0..plan.n).map(|i| StreamEncoder::new(shape.clone(), i)).collect();
+        let body = SseStream::new(streams, encoders, state.limits.keep_alive_interval, permit);
         return Ok(HttpResponse::Ok()
             .content_type("text/event-stream")
             .insert_header((header::CACHE_CONTROL, "no-cache"))
@@ -61,21 +65,31 @@ async fn serve(state: &AppState, body: OpenAiRequest, endpoint: Endpoint) -> Res
             .insert_header(("X-Accel-Buffering", "no"))
             .streaming(body));
     }
-    // If the client goes away, actix drops this future and with it `events`, which
-    // cancels the request.
-    let response = collect(events, shape).await;
+    // If the client goes away, actix drops this future and with it the streams, which
+    // cancels the requests.
+    let collected =
+        streams.into_iter().enumerate().map(|(i, events)| collect(events, Collected::new(shape.clone(), i)));
+    // The first failed choice fails the response and drops (cancels) the others.
+    let finished = futures::future::try_join_all(collected).await;
     drop(permit);
-    Ok(HttpResponse::Ok().json(response?))
+    let mut usage = Usage::default();
+    let mut choices = Vec::new();
+    for (choice, choice_usage) in finished? {
+        add_choice_usage(&mut usage, &choice_usage);
+        choices.push(choice);
+    }
+    Ok(HttpResponse::Ok().json(shape.response(choices, &usage)))
 }
 
-async fn collect(mut events: EventStream, shape: Shape) -> Result<Value, ApiError> {
-    let mut collected = Collected::new(shape);
+async fn collect(mut events: EventStream, mut collected: Collected) -> Result<(Value, Usage), ApiError> {
     while let Some(event) = events.next().await {
         match event {
             GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
                 collected.token(TokenInfo { token, model, logprob, top_logprobs }, &text);
             }
-            GenerationEvent::Finished { reason, usage, text, .. } => return Ok(collected.finish(reason, &usage, &text)),
+            GenerationEvent::Finished { reason, usage, text, .. } => {
+                return Ok((collected.finish(reason, &text), usage))
+            }
             GenerationEvent::Error { error, .. } => return Err(ApiError::from(error)),
         }
     }

@@ -14,6 +14,7 @@
 mod debug;
 mod error;
 mod extract;
+mod fields;
 mod generator;
 mod handlers;
 mod history;
@@ -26,6 +27,7 @@ mod routing;
 mod server;
 mod sse;
 mod state;
+mod tokenize;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
@@ -47,6 +49,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/chat/completions", web::post().to(handlers::chat_completions))
         .route("/v1/completions", web::post().to(handlers::completions))
         .route("/v1/models", web::get().to(info::models))
+        .route("/tokenize", web::post().to(tokenize::tokenize))
+        .route("/detokenize", web::post().to(tokenize::detokenize))
         .route("/v1/stats", web::get().to(info::stats))
         .route("/v1/stats/history", web::get().to(history::history))
         .route("/health", web::get().to(info::health))

@@ -223,7 +223,8 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
         "presence_penalty": penalty,
         "frequency_penalty": penalty,
         "repetition_penalty": { "type": "number", "exclusiveMinimum": true, "minimum": 0 },
-        "n": one,
+        "n": { "type": "integer", "minimum": 1, "maximum": super::request::MAX_CHOICES,
+            "description": "Choices from the one prompt; choice i samples with seed + i." },
         "best_of": one,
         "echo": { "type": "boolean", "enum": [false], "description": "Not supported: only false." },
         "user": { "type": "string" },
@@ -233,11 +234,35 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
         "session_id": { "type": "string", "maxLength": r.max_session_id_bytes,
             "description": format!("The tokenization session this prompt continues; at most {} bytes.", r.max_session_id_bytes) },
         "routing": schema("Routing"),
+        "response_format": response_format(),
+        "logit_bias": { "type": "object", "additionalProperties": { "type": "number", "minimum": -100, "maximum": 100 },
+            "description": "Token id (a decimal string) to a bias added to its logit." },
+        "metadata": { "type": "object", "description": "Accepted; changes nothing." },
+        "store": { "type": "boolean", "description": "Accepted; changes nothing." },
+        "service_tier": { "type": "string", "description": "Accepted; changes nothing." },
+        "parallel_tool_calls": { "type": "boolean", "description": "Accepted; changes nothing." },
     });
     match fields {
         Value::Object(map) => map,
         _ => unreachable!("a JSON object literal"),
     }
+}
+
+/// OpenAI's shapes, plus `grammar` (Lark) and `regex` (docs/api.md).
+fn response_format() -> Value {
+    let kind = |k: &str| json!({ "type": "string", "enum": [k] });
+    json!({ "oneOf": [
+        { "type": "object", "required": ["type"], "properties": { "type": kind("text") } },
+        { "type": "object", "required": ["type"], "properties": { "type": kind("json_object") } },
+        { "type": "object", "required": ["type", "json_schema"], "properties": { "type": kind("json_schema"),
+            "json_schema": { "type": "object", "required": ["schema"], "properties": {
+                "name": { "type": "string" }, "description": { "type": "string" },
+                "schema": { "type": "object" }, "strict": { "type": "boolean" } } } } },
+        { "type": "object", "required": ["type", "grammar"],
+          "properties": { "type": kind("grammar"), "grammar": { "type": "string", "description": "A Lark grammar." } } },
+        { "type": "object", "required": ["type", "regex"],
+          "properties": { "type": kind("regex"), "regex": { "type": "string" } } },
+    ], "description": "Structured outputs: the output matches this schema or grammar." })
 }
 
 fn token_id(vocab: Option<usize>) -> Value {
@@ -260,6 +285,7 @@ fn request_object(description: String, required: &str, mut properties: Map<Strin
         "description": format!("{description} Bodies are at most {} bytes.", b.max_body_bytes),
         "required": [required],
         "properties": properties,
+        "additionalProperties": false,
     })
 }
 
@@ -304,7 +330,7 @@ fn chat_message() -> Value {
         "type": "object",
         "required": ["role"],
         "properties": {
-            "role": { "type": "string", "enum": ["system", "user", "assistant", "tool"] },
+            "role": { "type": "string", "enum": super::fields::ROLES },
             "content": { "nullable": true, "oneOf": [{ "type": "string" }, { "type": "array", "items": part }] },
             "reasoning_content": { "type": "string" },
         },

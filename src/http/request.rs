@@ -3,6 +3,7 @@
 //! exact), and its translation into an engine `GenerateRequest`.
 
 use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use tokenrouter_core::policy::Policy;
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 
 use super::error::ApiError;
+use super::fields;
 use super::routing::RoutingRequest;
 use super::state::{AppState, RequestLimits};
 
@@ -23,7 +25,8 @@ pub enum Endpoint {
     Completions,
 }
 
-/// Unknown fields are ignored, as OpenAI does; `null` reads as absent.
+/// `null` reads as absent. A field this server does not implement is refused by name
+/// (see [`fields::refuse_unknown`]), unless it is one of OpenAI's harmless hints.
 #[derive(Debug, Default, Deserialize)]
 pub struct OpenAiRequest {
     pub model: Option<String>,
@@ -68,6 +71,13 @@ pub struct OpenAiRequest {
     /// header): only the end of a resent transcript is re-tokenized.
     pub session_id: Option<String>,
     pub routing: Option<RoutingRequest>,
+    /// Structured outputs; kept as JSON so that an unknown `type` is named in the error.
+    pub response_format: Option<Value>,
+    /// Token id (a string, as OpenAI sends it) to a bias in -100..=100.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// Every other field; refused unless harmless.
+    #[serde(flatten)]
+    pub unrecognized: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -104,6 +114,8 @@ pub struct StreamOptions {
 pub struct Plan {
     pub endpoint: Endpoint,
     pub generate: GenerateRequest,
+    /// Choices to generate from the one prompt.
+    pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
     /// Report the model of every token (`routing.trace`).
@@ -118,13 +130,31 @@ pub struct Plan {
     pub prompt_text: Option<String>,
 }
 
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: u32 = 16;
+
+impl Plan {
+    /// One engine request per choice. Choice `i` samples with seed `seed + i`, so each
+    /// is reproducible alone: an `n = 1` request with that seed gives the same output.
+    pub fn choice_requests(&self) -> Vec<GenerateRequest> {
+        (0..self.n as u64)
+            .map(|i| {
+                let mut request = self.generate.clone();
+                request.sampling.seed = request.sampling.seed.wrapping_add(i);
+                request
+            })
+            .collect()
+    }
+}
+
 impl OpenAiRequest {
     /// Validates, resolves the policy, tokenizes and checks lengths. Cheap checks
     /// come first so a bad request costs no tokenization.
     pub async fn plan(mut self, state: &AppState, endpoint: Endpoint) -> Result<Plan, ApiError> {
         let bad = |m: &str, p: &str| Err(ApiError::bad_request(m, Some(p)));
-        if self.n.is_some_and(|n| n != 1) {
-            return bad("only n = 1 is supported", "n");
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(ApiError::bad_request(format!("n must be in 1..={MAX_CHOICES}, got {n}"), Some("n")));
         }
         if self.best_of.is_some_and(|n| n != 1) {
             return bad("only best_of = 1 is supported", "best_of");
@@ -132,15 +162,19 @@ impl OpenAiRequest {
         if self.echo == Some(true) {
             return bad("echo is not supported", "echo");
         }
+        fields::refuse_unknown(&self.unrecognized)?;
+        let grammar = fields::grammar_of(self.response_format.as_ref())?;
         let limits = &state.limits.request;
         let vocab = state.engine.vocab_size();
+        let logit_bias = fields::logit_bias_of(self.logit_bias.as_ref(), vocab)?;
         let stop = self.stop_strings(limits)?;
         let stop_ids = self.stop_token_ids(limits, vocab)?;
         self.check_session_id(limits)?;
         let model = state.check_model(self.model.as_deref())?;
         let logprobs = self.logprobs_wanted(endpoint, limits.max_top_logprobs)?;
         let policy = self.resolve_policy(state)?;
-        let sampling = self.sampling(logprobs)?;
+        let mut sampling = self.sampling(logprobs)?;
+        sampling.logit_bias = logit_bias;
         let (prompt, prompt_text, prompt_param) = self.tokenize(state, endpoint).await?;
         check_prompt_ids(&prompt, vocab, prompt_param)?;
         let max_tokens = self.max_tokens(state, prompt.len(), prompt_param)?;
@@ -151,9 +185,11 @@ impl OpenAiRequest {
         generate.stop_ids = stop_ids;
         generate.ignore_eos = self.ignore_eos.unwrap_or(false);
         generate.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
+        generate.grammar = grammar;
         Ok(Plan {
             endpoint,
             generate,
+            n: n as usize,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
             trace: self.routing.is_some_and(|r| r.trace),
@@ -280,6 +316,7 @@ impl OpenAiRequest {
             // No seed: a fresh one, so identical requests differ as OpenAI's do.
             seed: self.seed.map(|s| s as u64).unwrap_or_else(random_seed),
             logprobs,
+            ..d
         };
         p.validate().map_err(|e| {
             let param = match &e {
@@ -290,6 +327,7 @@ impl OpenAiRequest {
                 SamplingError::RepetitionPenaltyNotPositive(_) => "repetition_penalty",
                 SamplingError::TooManyLogprobs(_) if self.top_logprobs.is_some() => "top_logprobs",
                 SamplingError::TooManyLogprobs(_) => "logprobs",
+                SamplingError::LogitBiasOutOfRange { .. } => "logit_bias",
             };
             ApiError::bad_request(e.to_string(), Some(param))
         })?;
@@ -306,12 +344,13 @@ impl OpenAiRequest {
         let session = self.session_id.clone();
         let (ids, text) = match endpoint {
             Endpoint::Chat => {
-                let Some(messages) = self.messages.clone() else {
+                let Some(mut messages) = self.messages.clone() else {
                     return Err(ApiError::bad_request("`messages` is required", Some("messages")));
                 };
                 if messages.is_empty() {
                     return Err(ApiError::bad_request("`messages` must not be empty", Some("messages")));
                 }
+                fields::check_roles(&mut messages)?;
                 let options = RenderOptions {
                     add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
                     extra: self.chat_template_kwargs.clone().unwrap_or_default(),

@@ -143,12 +143,14 @@ pub struct TokenInfo {
 /// chunk that carries text, so every token's trace and logprobs appear exactly once.
 pub struct StreamEncoder {
     shape: Shape,
+    /// The choice this encoder writes (`n` > 1 has one encoder per choice).
+    index: usize,
     pending: Vec<TokenInfo>,
 }
 
 impl StreamEncoder {
-    pub fn new(shape: Shape) -> Self {
-        StreamEncoder { shape, pending: Vec::new() }
+    pub fn new(shape: Shape, index: usize) -> Self {
+        StreamEncoder { shape, index, pending: Vec::new() }
     }
 
     /// Chunks sent before any token: chat announces the assistant role.
@@ -167,8 +169,8 @@ impl StreamEncoder {
         Some(self.content_chunk(text))
     }
 
-    /// The held-back text (if any), the finish chunk, then usage if asked for.
-    pub fn finished(&mut self, reason: FinishReason, usage: &Usage, tail: &str) -> Vec<Value> {
+    /// The held-back text (if any), then the finish chunk.
+    pub fn finished(&mut self, reason: FinishReason, tail: &str) -> Vec<Value> {
         let mut out = Vec::new();
         if !tail.is_empty() || !self.pending.is_empty() {
             out.push(self.content_chunk(tail));
@@ -178,12 +180,17 @@ impl StreamEncoder {
             Endpoint::Completions => json!(""),
         };
         out.push(self.chunk(delta, &[], Some(finish_reason(reason))));
-        if self.shape.include_usage {
-            let mut m = self.shape.envelope(true, Vec::new());
-            m.insert("usage".into(), self.shape.usage(usage));
-            out.push(Value::Object(m));
-        }
         out
+    }
+
+    /// The last chunk, when usage was asked for: the usage of every choice together.
+    pub fn usage_chunk(&self, usage: &Usage) -> Option<Value> {
+        if !self.shape.include_usage {
+            return None;
+        }
+        let mut m = self.shape.envelope(true, Vec::new());
+        m.insert("usage".into(), self.shape.usage(usage));
+        Some(Value::Object(m))
     }
 
     fn content_chunk(&mut self, text: &str) -> Value {
@@ -203,7 +210,7 @@ impl StreamEncoder {
         };
         let logprobs = if tokens.is_empty() { Value::Null } else { self.shape.logprobs_value(tokens) };
         let mut choice = Map::new();
-        choice.insert("index".into(), json!(0));
+        choice.insert("index".into(), json!(self.index));
         choice.insert(key.into(), delta);
         choice.insert("logprobs".into(), logprobs);
         choice.insert("finish_reason".into(), json!(finish));
@@ -220,16 +227,17 @@ impl StreamEncoder {
     }
 }
 
-/// A whole (non-streamed) response being gathered.
+/// One choice of a whole (non-streamed) response being gathered.
 pub struct Collected {
     shape: Shape,
+    index: usize,
     text: String,
     tokens: Vec<TokenInfo>,
 }
 
 impl Collected {
-    pub fn new(shape: Shape) -> Self {
-        Collected { shape, text: String::new(), tokens: Vec::new() }
+    pub fn new(shape: Shape, index: usize) -> Self {
+        Collected { shape, index, text: String::new(), tokens: Vec::new() }
     }
 
     pub fn token(&mut self, info: TokenInfo, text: &str) {
@@ -237,12 +245,13 @@ impl Collected {
         self.text.push_str(text);
     }
 
-    pub fn finish(mut self, reason: FinishReason, usage: &Usage, tail: &str) -> Value {
+    /// The finished choice.
+    pub fn finish(mut self, reason: FinishReason, tail: &str) -> Value {
         self.text.push_str(tail);
         let s = &self.shape;
         let mut choice = match s.endpoint {
-            Endpoint::Chat => json!({ "index": 0, "message": { "role": "assistant", "content": self.text } }),
-            Endpoint::Completions => json!({ "index": 0, "text": self.text }),
+            Endpoint::Chat => json!({ "index": self.index, "message": { "role": "assistant", "content": self.text } }),
+            Endpoint::Completions => json!({ "index": self.index, "text": self.text }),
         };
         choice["logprobs"] = s.logprobs_value(&self.tokens);
         choice["finish_reason"] = json!(finish_reason(reason));
@@ -252,8 +261,32 @@ impl Collected {
         if s.trace {
             choice["routing_trace"] = self.tokens.iter().map(|t| json!(s.model_name(t.model))).collect();
         }
-        let mut m = s.envelope(false, vec![choice]);
-        m.insert("usage".into(), s.usage(usage));
+        choice
+    }
+}
+
+impl Shape {
+    /// The whole response: its choices, in index order, and their usage together.
+    pub fn response(&self, choices: Vec<Value>, usage: &Usage) -> Value {
+        let mut m = self.envelope(false, choices);
+        m.insert("usage".into(), self.usage(usage));
         Value::Object(m)
+    }
+}
+
+/// The usage of `n` choices of one prompt: the prompt counted once (as OpenAI counts
+/// it), the outputs summed.
+pub fn add_choice_usage(total: &mut Usage, choice: &Usage) {
+    if total.prompt_tokens == 0 {
+        total.prompt_tokens = choice.prompt_tokens;
+        total.cached_tokens = choice.cached_tokens;
+    }
+    total.completion_tokens += choice.completion_tokens;
+    total.switches += choice.switches;
+    if total.tokens_per_model.len() < choice.tokens_per_model.len() {
+        total.tokens_per_model.resize(choice.tokens_per_model.len(), 0);
+    }
+    for (sum, n) in total.tokens_per_model.iter_mut().zip(&choice.tokens_per_model) {
+        *sum += n;
     }
 }

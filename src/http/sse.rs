@@ -13,21 +13,27 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
-use tokenrouter_actors::GenerationEvent;
+use tokenrouter_actors::{GenerationEvent, Usage};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
 use super::error::ApiError;
 use super::generator::EventStream;
-use super::response::{StreamEncoder, TokenInfo};
+use super::response::{add_choice_usage, StreamEncoder, TokenInfo};
 
 const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
+/// Events of a response's choices, each tagged with its choice index.
+pub type ChoiceEvents = futures::stream::BoxStream<'static, (usize, GenerationEvent)>;
+
 pub struct SseStream {
     /// `None` once the request ended (dropped at once, not when actix drops the body).
-    events: Option<EventStream>,
-    encoder: StreamEncoder,
+    events: Option<ChoiceEvents>,
+    /// One per choice.
+    encoders: Vec<StreamEncoder>,
+    unfinished: usize,
+    usage: Usage,
     /// Frames ready to send.
     queue: VecDeque<Bytes>,
     keep_alive: Pin<Box<Sleep>>,
@@ -36,16 +42,21 @@ pub struct SseStream {
 }
 
 impl SseStream {
+    /// Streams the choices' events (`streams[i]` is choice `i`), each through its
+    /// encoder, merged as they come.
     pub fn new(
-        events: EventStream,
-        encoder: StreamEncoder,
+        streams: Vec<EventStream>,
+        encoders: Vec<StreamEncoder>,
         keep_alive: Duration,
         permit: OwnedSemaphorePermit,
     ) -> Self {
-        let queue = encoder.start().iter().map(data_frame).collect();
+        let queue = encoders.iter().flat_map(StreamEncoder::start).map(|c| data_frame(&c)).collect();
+        let tagged = streams.into_iter().enumerate().map(|(i, s)| s.map(move |e| (i, e)));
         SseStream {
-            events: Some(events),
-            encoder,
+            events: Some(futures::stream::select_all(tagged).boxed()),
+            unfinished: encoders.len(),
+            encoders,
+            usage: Usage::default(),
             queue,
             keep_alive: Box::pin(tokio::time::sleep(keep_alive)),
             interval: keep_alive,
@@ -53,19 +64,28 @@ impl SseStream {
         }
     }
 
-    fn on_event(&mut self, event: GenerationEvent) {
+    fn on_event(&mut self, choice: usize, event: GenerationEvent) {
+        let encoder = &mut self.encoders[choice];
         match event {
             GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
                 let info = TokenInfo { token, model, logprob, top_logprobs };
-                if let Some(chunk) = self.encoder.token(info, &text) {
+                if let Some(chunk) = encoder.token(info, &text) {
                     self.queue.push_back(data_frame(&chunk));
                 }
             }
             GenerationEvent::Finished { reason, usage, text, .. } => {
-                let chunks = self.encoder.finished(reason, &usage, &text);
+                let chunks = encoder.finished(reason, &text);
                 self.queue.extend(chunks.iter().map(data_frame));
-                self.end();
+                add_choice_usage(&mut self.usage, &usage);
+                self.unfinished -= 1;
+                if self.unfinished == 0 {
+                    if let Some(chunk) = self.encoders[0].usage_chunk(&self.usage) {
+                        self.queue.push_back(data_frame(&chunk));
+                    }
+                    self.end();
+                }
             }
+            // One failed choice ends the response (dropping the others cancels them).
             GenerationEvent::Error { error, .. } => self.fail(ApiError::from(error)),
         }
     }
@@ -99,8 +119,8 @@ impl Stream for SseStream {
             }
             let Some(events) = this.events.as_mut() else { return Poll::Ready(None) };
             match events.poll_next_unpin(cx) {
-                Poll::Ready(Some(event)) => {
-                    this.on_event(event);
+                Poll::Ready(Some((choice, event))) => {
+                    this.on_event(choice, event);
                     let next = Instant::now() + this.interval;
                     this.keep_alive.as_mut().reset(next);
                 }

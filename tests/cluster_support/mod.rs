@@ -134,6 +134,7 @@ pub fn reference_outputs(m: &Models, ids: &[u64], max_tokens: usize) -> HashMap<
                 sampling: r.sampling,
                 stop_ids: vec![],
                 policy: policy.clone(),
+                constraint: None,
             };
             (i, reference.run(&spec).unwrap())
         })

@@ -154,6 +154,11 @@ fn full_arrival(id: RequestId, held: &Held, spec: WireSpec) -> WireArrival {
 
 /// The spec as it crosses hosts; the policy must be one `policy::build` made.
 pub(crate) fn wire_spec(spec: &RequestSpec) -> Result<WireSpec, String> {
+    if spec.constraint.is_some() {
+        return Err(
+            "structured outputs (response_format) run only on models in this process, not on another host".into()
+        );
+    }
     let policy = spec.policy.descriptor().ok_or_else(|| {
         format!(
             "policy `{}` was made in code, not by name and parameters, so it cannot run on another host",

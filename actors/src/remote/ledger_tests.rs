@@ -16,6 +16,7 @@ fn spec(id: RequestId) -> Arc<RequestSpec> {
         sampling: SamplingParams::greedy(),
         stop_ids: vec![99],
         policy,
+        constraint: None,
     })
 }
 
@@ -119,6 +120,7 @@ impl CloneForTest for RequestSpec {
             sampling: self.sampling.clone(),
             stop_ids: self.stop_ids.clone(),
             policy: self.policy.clone(),
+            constraint: self.constraint.clone(),
         }
     }
 }

@@ -76,6 +76,7 @@ impl NodeBook {
             sampling: w.sampling,
             stop_ids: w.stop_ids,
             policy: self.policy(&w.policy)?,
+            constraint: None,
         })
     }
 

@@ -338,6 +338,11 @@ fn put_spec(w: &mut Writer, s: &WireSpec) {
     w.usize(p.top_k);
     w.varint(p.seed);
     w.opt_usize(p.logprobs);
+    w.usize(p.logit_bias.len());
+    for &(token, bias) in &p.logit_bias {
+        w.varint(token as u64);
+        w.f32(bias);
+    }
     w.tokens(&s.stop_ids);
     w.str(&s.policy.name);
     w.str(&s.policy.params.to_string());
@@ -360,6 +365,7 @@ fn get_spec(r: &mut Reader<'_>) -> Result<WireSpec, WireError> {
         top_k: r.usize()?,
         seed: r.varint()?,
         logprobs: r.opt_usize()?,
+        logit_bias: (0..r.usize()?).map(|_| Ok((r.varint()? as u32, r.f32()?))).collect::<Result<_, WireError>>()?,
     };
     let stop_ids = r.tokens()?;
     let name = r.string()?;

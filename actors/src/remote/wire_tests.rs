@@ -7,7 +7,14 @@ fn arrival(spec: bool) -> WireArrival {
         spec: spec.then(|| WireSpec {
             prompt_len: 3,
             max_tokens: 64,
-            sampling: SamplingParams { temperature: 0.7, top_k: 40, seed: 9, logprobs: Some(2), ..Default::default() },
+            sampling: SamplingParams {
+                temperature: 0.7,
+                top_k: 40,
+                seed: 9,
+                logprobs: Some(2),
+                logit_bias: vec![(5, -3.5), (70_000, 100.0)],
+                ..Default::default()
+            },
             stop_ids: vec![151_643, 151_645],
             policy: PolicyDescriptor { name: "random".into(), params: serde_json::json!({"p": 0.2}) },
         }),

@@ -28,6 +28,9 @@ pub enum ModelError {
     ContextOverflow { position: usize, max: usize },
     #[error("{0}")]
     Unsupported(String),
+    /// A grammar-constrained output cannot go on.
+    #[error("{0}")]
+    Constraint(String),
     #[error("llama.cpp: {0}")]
     LlamaCpp(String),
     #[error("tensor computation failed: {0}")]

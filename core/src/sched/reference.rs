@@ -8,7 +8,7 @@ use crate::model::sampler::{sample, TokenCounts};
 use crate::model::{Backend, KvSeq, Result, RowInput};
 use crate::policy::{Decision, EntryRequest, ModelIndex, RouteRow};
 
-use super::request::{sampling_logits, FinishReason, RequestSpec};
+use super::request::{constrained, sampling_logits, Constrained, FinishReason, RequestSpec};
 
 #[derive(Debug, Clone)]
 pub struct ReferenceToken {
@@ -74,10 +74,18 @@ impl Reference<'_> {
             let want_hidden = spec.policy.needs_hidden(model);
             let (logits, hidden) = self.step(model, &mut kvs[model], &sequence, want_hidden)?;
             let logits = &logits[..self.shared_vocab];
-            let mut scratch = Vec::new();
-            let drawable = sampling_logits(logits, spec.policy.reserved_logit(model), &mut scratch);
-            let sampled = sample(drawable, &spec.sampling, &counts, out.len() as u64);
             let output: Vec<u32> = out.iter().map(|t| t.token).collect();
+            let mask = match constrained(spec, &output) {
+                Constrained::Sample(mask) => mask,
+                Constrained::Complete => {
+                    return Ok(ReferenceOutput { tokens: out, finish: FinishReason::Stop, switches })
+                }
+                Constrained::Failed(message) => return Err(crate::model::ModelError::Constraint(message)),
+            };
+            let mut scratch = Vec::new();
+            let reserved = spec.policy.reserved_logit(model);
+            let drawable = sampling_logits(logits, reserved, &spec.sampling, mask.as_ref(), &mut scratch);
+            let sampled = sample(drawable, &spec.sampling, &counts, out.len() as u64);
             let decision = spec.policy.route(&mut [RouteRow {
                 request_id: spec.id,
                 model,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::constrain::{Next, TokenConstraint, TokenMask};
 use crate::model::sampler::SamplingParams;
 use crate::policy::{ModelIndex, Policy, PolicyState};
 
@@ -18,6 +19,8 @@ pub struct RequestSpec {
     /// Token ids that end the request (EOS and user stop ids); empty to ignore them.
     pub stop_ids: Vec<u32>,
     pub policy: Arc<dyn Policy>,
+    /// Structured output: the grammar the output must match, and its parse state.
+    pub constraint: Option<Arc<TokenConstraint>>,
 }
 
 impl std::fmt::Debug for RequestSpec {
@@ -27,6 +30,7 @@ impl std::fmt::Debug for RequestSpec {
             .field("prompt_len", &self.prompt.len())
             .field("max_tokens", &self.max_tokens)
             .field("policy", &self.policy.name())
+            .field("constrained", &self.constraint.is_some())
             .finish()
     }
 }
@@ -196,16 +200,51 @@ pub fn only_model(spec: &Arc<RequestSpec>, num_models: usize) -> Option<ModelInd
     spec.policy.stays_on_entry_model().then(|| admit(spec.clone(), num_models).0)
 }
 
-/// The logits the sampler draws from: a policy may reserve a logit that is not a
-/// token (Co-LLM's defer slot), which must never be drawn.
-pub fn sampling_logits<'a>(logits: &'a [f32], reserved: Option<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
-    match reserved.filter(|&i| i < logits.len()) {
-        None => logits,
-        Some(i) => {
-            scratch.clear();
-            scratch.extend_from_slice(logits);
-            scratch[i] = f32::NEG_INFINITY;
-            scratch
+/// The logits the sampler draws from: the raw ones, unless a policy reserves a logit
+/// that is not a token (Co-LLM's defer slot, never drawn), the request biases tokens
+/// (`logit_bias`) or a grammar allows only some (`mask`).
+pub fn sampling_logits<'a>(
+    logits: &'a [f32],
+    reserved: Option<usize>,
+    sampling: &SamplingParams,
+    mask: Option<&TokenMask>,
+    scratch: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    let reserved = reserved.filter(|&i| i < logits.len());
+    if reserved.is_none() && sampling.logit_bias.is_empty() && mask.is_none() {
+        return logits;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(logits);
+    for &(token, bias) in &sampling.logit_bias {
+        if let Some(x) = scratch.get_mut(token as usize) {
+            *x += bias;
         }
+    }
+    if let Some(mask) = mask {
+        mask.apply(scratch);
+    }
+    if let Some(i) = reserved {
+        scratch[i] = f32::NEG_INFINITY;
+    }
+    scratch
+}
+
+/// Where a constrained request stands before sampling on one model.
+pub enum Constrained {
+    /// Unconstrained, or the grammar allows these tokens.
+    Sample(Option<TokenMask>),
+    /// The grammar is complete: the request ends here.
+    Complete,
+    Failed(String),
+}
+
+/// The grammar's verdict after `output` (the request's committed output).
+pub fn constrained(spec: &RequestSpec, output: &[u32]) -> Constrained {
+    match spec.constraint.as_deref().map(|c| c.next(output)) {
+        None => Constrained::Sample(None),
+        Some(Next::Allowed(mask)) => Constrained::Sample(Some(mask)),
+        Some(Next::Complete) => Constrained::Complete,
+        Some(Next::Failed(message)) => Constrained::Failed(format!("structured output: {message}")),
     }
 }

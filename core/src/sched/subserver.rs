@@ -17,7 +17,8 @@ use crate::policy::{Decision, ModelIndex, RouteRow};
 
 use super::batching::BatchingRule;
 use super::request::{
-    sampling_logits, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel,
+    constrained, sampling_logits, Arrival, Checkpoint, Constrained, FinishReason, RequestEvent, RequestId, RequestSpec,
+    Travel,
 };
 use super::resident::{Resident, Status};
 
@@ -496,7 +497,7 @@ impl Subserver {
 
     fn finish_rows(&mut self, rows: Vec<Row>, out: &crate::model::ForwardOutput, outcome: &mut StepOutcome) {
         let vocab = self.config.shared_vocab;
-        let mut complete: Vec<(usize, Resident, crate::model::sampler::Sampled)> = Vec::new();
+        let mut to_sample: Vec<(usize, Resident)> = Vec::new();
         for (i, row) in rows.into_iter().enumerate() {
             let mut r = row.resident;
             r.kv.seal_full_blocks(&r.tokens);
@@ -505,9 +506,26 @@ impl Subserver {
                 self.put_back_ready(r, false);
                 continue;
             }
+            to_sample.push((i, r));
+        }
+        let verdicts = grammar_verdicts(&to_sample);
+        let mut complete: Vec<(usize, Resident, crate::model::sampler::Sampled)> = Vec::new();
+        for ((i, r), verdict) in to_sample.into_iter().zip(verdicts) {
+            let mask = match verdict {
+                Constrained::Sample(mask) => mask,
+                Constrained::Complete => {
+                    outcome.events.push(RequestEvent::Finished { id: r.spec.id, reason: FinishReason::Stop });
+                    continue; // dropping the resident frees its KV here
+                }
+                Constrained::Failed(message) => {
+                    outcome.events.push(self.fail(r, &message));
+                    continue;
+                }
+            };
             let reserved = r.spec.policy.reserved_logit(self.config.model);
             let mut scratch = Vec::new();
-            let logits = sampling_logits(&out.row_logits(i)[..vocab], reserved, &mut scratch);
+            let raw = &out.row_logits(i)[..vocab];
+            let logits = sampling_logits(raw, reserved, &r.spec.sampling, mask.as_ref(), &mut scratch);
             let sampled = self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.output_len as u64);
             complete.push((i, r, sampled));
         }
@@ -636,6 +654,18 @@ impl Subserver {
         } else {
             self.fail(r, "its prompt does not fit this model's KV cache")
         }
+    }
+}
+
+/// Each row's grammar verdict; the masks of constrained rows are computed in parallel,
+/// since each walks the vocabulary (see docs/structured-outputs.md for their cost).
+fn grammar_verdicts(rows: &[(usize, Resident)]) -> Vec<Constrained> {
+    use rayon::prelude::*;
+    let verdict = |(_, r): &(usize, Resident)| constrained(&r.spec, &r.tokens[r.spec.prompt.len()..]);
+    if rows.iter().filter(|(_, r)| r.spec.constraint.is_some()).count() > 1 {
+        rows.par_iter().map(verdict).collect()
+    } else {
+        rows.iter().map(verdict).collect()
     }
 }
 

@@ -21,7 +21,7 @@ mod strftime;
 mod tokenizer;
 
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 
 pub use chat::{ChatMessage, ChatTemplate, ContentPart, MessageContent, RenderOptions};
 pub use config::{SpecialTokens, TokenizerConfig};

@@ -103,6 +103,7 @@ impl Dispatcher {
                 ignore_eos: config.ignore_eos,
                 temperature: config.temperature,
                 routing: None,
+                response_format: None,
             };
             let client = Client::new(target, options)?;
             served.push(format!("{name}: {}", client.models().await?.join(", ")));

@@ -52,6 +52,8 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Some(n): logprob of the chosen token plus the top-n alternatives.
     pub logprobs: Option<usize>,
+    /// Added to a token's logit before anything else (OpenAI's `logit_bias`, -100..=100).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -66,6 +68,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: 0,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -110,6 +113,9 @@ impl SamplingParams {
                 return Err(SamplingError::PenaltyOutOfRange { field, value });
             }
         }
+        if let Some(&(token, value)) = self.logit_bias.iter().find(|(_, v)| !(-100.0..=100.0).contains(v)) {
+            return Err(SamplingError::LogitBiasOutOfRange { token, value });
+        }
         match self.logprobs {
             Some(n) if n > MAX_LOGPROBS => Err(SamplingError::TooManyLogprobs(n)),
             _ => Ok(()),
@@ -130,6 +136,7 @@ pub enum SamplingError {
     RepetitionPenaltyNotPositive(f32),
     PenaltyOutOfRange { field: &'static str, value: f32 },
     TooManyLogprobs(usize),
+    LogitBiasOutOfRange { token: u32, value: f32 },
 }
 
 impl fmt::Display for SamplingError {
@@ -142,6 +149,9 @@ impl fmt::Display for SamplingError {
             Self::RepetitionPenaltyNotPositive(p) => write!(f, "repetition_penalty must be > 0, got {p}"),
             Self::PenaltyOutOfRange { field, value } => write!(f, "{field} must be in [-2, 2], got {value}"),
             Self::TooManyLogprobs(n) => write!(f, "logprobs must be at most {MAX_LOGPROBS}, got {n}"),
+            Self::LogitBiasOutOfRange { token, value } => {
+                write!(f, "the bias of token {token} must be in [-100, 100], got {value}")
+            }
         }
     }
 }

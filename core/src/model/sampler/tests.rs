@@ -226,7 +226,8 @@ fn penalties_apply_to_raw_logits_before_temperature() {
         *x -= if count > 0 { 0.5 + 0.25 * count as f32 } else { 0.0 };
     }
     // Temperature 0.5 scales exactly, so both orders of operations round alike.
-    for extra in [Params { temperature: 0.5, ..penalties }, Params { temperature: 0.5, top_k: 20, ..penalties }] {
+    for extra in [Params { temperature: 0.5, ..penalties.clone() }, Params { temperature: 0.5, top_k: 20, ..penalties }]
+    {
         for position in 0..300 {
             let got = sample(&logits, &extra, &counts, position).token;
             let want = reference_draw(&penalised, &extra, uniform(extra.seed, position));

@@ -1,0 +1,151 @@
+//! The request fields beyond plain sampling: structured outputs (`response_format`),
+//! `logit_bias`, message roles, and the rule that a field this server does not
+//! implement is refused by name, never silently ignored (docs/api.md lists them).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokenrouter_core::constrain::GrammarSpec;
+use tokenrouter_core::tokenize::ChatMessage;
+
+use super::error::ApiError;
+
+/// Fields OpenAI defines as hints to its own platform: accepted, and they change
+/// nothing here.
+pub const ACCEPTED_HINTS: &[&str] = &["metadata", "store", "service_tier", "parallel_tool_calls", "modalities"];
+
+/// Roles a chat message may have.
+pub const ROLES: &[&str] = &["system", "developer", "user", "assistant"];
+
+/// What each refused field is, for its error message.
+fn why_refused(field: &str) -> &'static str {
+    match field {
+        "suffix" => "suffix (fill-in-the-middle) is not supported",
+        "tools" | "tool_choice" => "tool calls are not supported yet",
+        "functions" | "function_call" => "the legacy functions form is not supported",
+        "audio" => "audio output is not supported",
+        "prediction" => "predicted outputs are not supported",
+        "reasoning_effort" => "reasoning_effort is not supported; use chat_template_kwargs (e.g. enable_thinking)",
+        "web_search_options" => "web search is not supported",
+        _ => "this server does not know this field",
+    }
+}
+
+/// Refuses the first field that is neither implemented nor a harmless hint.
+pub fn refuse_unknown(unrecognized: &BTreeMap<String, Value>) -> Result<(), ApiError> {
+    let refused = unrecognized.iter().find(|(field, value)| !is_harmless(field, value));
+    match refused {
+        Some((field, _)) => Err(ApiError::bad_request(format!("`{field}`: {}", why_refused(field)), Some(field))),
+        None => Ok(()),
+    }
+}
+
+/// Hints are harmless; so is a refused feature explicitly switched off.
+fn is_harmless(field: &str, value: &Value) -> bool {
+    if field == "modalities" {
+        return value.as_array().is_some_and(|m| m.iter().all(|x| x == "text"));
+    }
+    let switched_off = match field {
+        "tool_choice" => value.is_null() || value == "none",
+        "tools" | "functions" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
+        _ => value.is_null(),
+    };
+    ACCEPTED_HINTS.contains(&field) || switched_off
+}
+
+/// `response_format`, as OpenAI defines it plus two extensions for grammars that JSON
+/// schema cannot express: `{"type": "grammar", "grammar": "<Lark>"}` and
+/// `{"type": "regex", "regex": "..."}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+    Grammar { grammar: String },
+    Regex { regex: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    #[allow(dead_code)]
+    pub name: Option<String>,
+    #[allow(dead_code)]
+    pub description: Option<String>,
+    pub schema: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+/// Reads `response_format` (kept as JSON so an unknown `type` is refused by name,
+/// not as a parse error) into the grammar the output must match.
+pub fn grammar_of(format: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    let Some(value) = format.filter(|v| !v.is_null()) else { return Ok(None) };
+    let bad = |m: String, p: &str| Err(ApiError::bad_request(m, Some(p)));
+    let kind = value.get("type").and_then(Value::as_str);
+    if !matches!(kind, Some("text" | "json_object" | "json_schema" | "grammar" | "regex")) {
+        let m = format!(
+            "response_format.type {kind:?} is not one of text, json_object, json_schema, grammar, regex",
+            kind = kind.unwrap_or("(missing)")
+        );
+        return bad(m, "response_format.type");
+    }
+    let format: ResponseFormat = match serde_json::from_value(value.clone()) {
+        Ok(f) => f,
+        Err(e) => return bad(format!("invalid response_format: {e}"), "response_format"),
+    };
+    Ok(match format {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(GrammarSpec::JsonObject),
+        ResponseFormat::JsonSchema { json_schema } => {
+            let Some(schema) = json_schema.schema.filter(Value::is_object) else {
+                return bad(
+                    "json_schema.schema must be a JSON schema object".into(),
+                    "response_format.json_schema.schema",
+                );
+            };
+            Some(GrammarSpec::JsonSchema { schema, strict: json_schema.strict.unwrap_or(false) })
+        }
+        ResponseFormat::Grammar { grammar } => Some(GrammarSpec::Lark(grammar)),
+        ResponseFormat::Regex { regex } => Some(GrammarSpec::Regex(regex)),
+    })
+}
+
+/// `logit_bias`: token id (as a string key, OpenAI's shape) to a bias in -100..=100.
+pub fn logit_bias_of(bias: Option<&BTreeMap<String, f64>>, vocab: Option<usize>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(bias) = bias else { return Ok(Vec::new()) };
+    let bad = |m: String| Err(ApiError::bad_request(m, Some("logit_bias")));
+    let mut out = Vec::with_capacity(bias.len());
+    for (key, &value) in bias {
+        let Ok(token) = key.parse::<u32>() else {
+            return bad(format!("logit_bias keys are token ids; {key:?} is not one"));
+        };
+        if let Some(vocab) = vocab.filter(|&v| token as usize >= v) {
+            return bad(format!("token id {token} is outside the vocabulary (size {vocab})"));
+        }
+        if !(-100.0..=100.0).contains(&value) {
+            return bad(format!("the bias of token {token} must be in [-100, 100], got {value}"));
+        }
+        out.push((token, value as f32));
+    }
+    Ok(out)
+}
+
+/// Every message has a role this server renders; `developer` (OpenAI's newer name
+/// for the system role) is rendered as `system`, which chat templates know.
+pub fn check_roles(messages: &mut [ChatMessage]) -> Result<(), ApiError> {
+    for (i, message) in messages.iter_mut().enumerate() {
+        if !ROLES.contains(&message.role.as_str()) {
+            let m = format!("messages[{i}].role {:?} is not one of {}", message.role, ROLES.join(", "));
+            return Err(ApiError::bad_request(m, Some(&format!("messages[{i}].role"))));
+        }
+        if message.role == "developer" {
+            message.role = "system".into();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "fields_tests.rs"]
+mod tests;
