@@ -316,6 +316,7 @@ impl Engine {
             pools,
         });
         supervised.set(Arc::downgrade(&shared)).ok();
+        shared.grammars.warm_up();
         let replanner = match config.replan {
             Some(replan) => {
                 let args = ReplanArgs {
