@@ -111,6 +111,23 @@ pub fn grammar_of(format: Option<&Value>) -> Result<Option<GrammarSpec>, ApiErro
     })
 }
 
+/// The `response_format` that asks for `spec` (what [`grammar_of`] reads back), for
+/// forwarding a request to another OpenAI-compatible server.
+pub fn response_format_of(spec: &GrammarSpec) -> Value {
+    match spec {
+        GrammarSpec::JsonObject => serde_json::json!({ "type": "json_object" }),
+        GrammarSpec::JsonSchema { schema, strict } => serde_json::json!({ "type": "json_schema",
+            "json_schema": { "name": "response", "schema": schema, "strict": strict } }),
+        GrammarSpec::Lark(grammar) => serde_json::json!({ "type": "grammar", "grammar": grammar }),
+        GrammarSpec::Regex(regex) => serde_json::json!({ "type": "regex", "regex": regex }),
+    }
+}
+
+/// `logit_bias` in OpenAI's shape (token ids as string keys).
+pub fn logit_bias_json(bias: &[(u32, f32)]) -> Value {
+    Value::Object(bias.iter().map(|(token, b)| (token.to_string(), serde_json::json!(b))).collect())
+}
+
 /// `logit_bias`: token id (as a string key, OpenAI's shape) to a bias in -100..=100.
 pub fn logit_bias_of(bias: Option<&BTreeMap<String, f64>>, vocab: Option<usize>) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(bias) = bias else { return Ok(Vec::new()) };

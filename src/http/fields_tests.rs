@@ -69,3 +69,19 @@ fn unknown_roles_are_refused_and_developer_is_system() {
     let mut wizard = vec![ChatMessage::new("user", "hi"), ChatMessage::new("wizard", "abracadabra")];
     assert_eq!(param(check_roles(&mut wizard)).as_deref(), Some("messages[1].role"));
 }
+
+#[test]
+fn forwarded_grammars_and_biases_read_back_as_sent() {
+    let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    for spec in [
+        GrammarSpec::JsonObject,
+        GrammarSpec::JsonSchema { schema, strict: true },
+        GrammarSpec::Lark("start: \"a\"".into()),
+        GrammarSpec::Regex("[0-9]+".into()),
+    ] {
+        assert_eq!(grammar_of(Some(&response_format_of(&spec))).unwrap(), Some(spec));
+    }
+    let bias = vec![(5, 100.0), (7, -2.5)];
+    let json: BTreeMap<String, f64> = serde_json::from_value(logit_bias_json(&bias)).unwrap();
+    assert_eq!(logit_bias_of(Some(&json), None).unwrap(), bias);
+}

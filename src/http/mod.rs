@@ -14,7 +14,7 @@
 mod debug;
 mod error;
 mod extract;
-mod fields;
+pub(crate) mod fields;
 mod generator;
 mod handlers;
 mod history;

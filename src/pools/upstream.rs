@@ -19,6 +19,7 @@ use tokenrouter_core::sched::FinishReason;
 use tokenrouter_core::sse::{SseEvent, SseParser};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 
+use crate::http::fields;
 use crate::http::{EngineStats, EventStream, Generator};
 
 /// Time limits on an upstream member's HTTP, so that a stalled upstream ends its
@@ -111,7 +112,7 @@ impl Upstream {
 
 fn completion_body(r: &GenerateRequest) -> Value {
     let s = &r.sampling;
-    json!({
+    let mut body = json!({
         "prompt": r.prompt,
         "max_tokens": r.max_tokens,
         "temperature": s.temperature,
@@ -130,7 +131,14 @@ fn completion_body(r: &GenerateRequest) -> Value {
         "return_token_ids": true,
         "stream": true,
         "stream_options": { "include_usage": true },
-    })
+    });
+    if !s.logit_bias.is_empty() {
+        body["logit_bias"] = fields::logit_bias_json(&s.logit_bias);
+    }
+    if let Some(grammar) = &r.grammar {
+        body["response_format"] = fields::response_format_of(grammar);
+    }
+    body
 }
 
 /// An error with its causes: reqwest's own message says little ("error sending
