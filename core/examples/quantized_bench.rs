@@ -5,9 +5,10 @@
 //! alternately, round after round, so that a shared machine's drift hits all alike.
 //! Medians are reported.
 //!
-//! `cargo run --release -p tokenrouter-core --example quantized_bench -- [FILE.gguf] [ROUNDS]`
+//! `cargo run --release -p tokenrouter-core --example quantized_bench -- [FILE.gguf] [ROUNDS] [--file-only]`
 //! (default: the SmolLM2 Q4_1 test asset, 3 rounds; threads from `TOKENROUTER_THREADS`,
-//! else `RAYON_NUM_THREADS`, else all cores).
+//! else `RAYON_NUM_THREADS`, else all cores; `--file-only`: the GGUF file alone, for
+//! runs interleaved with another engine's).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -31,17 +32,20 @@ fn main() {
         },
     };
     let rounds: usize = args.get(2).and_then(|r| r.parse().ok()).unwrap_or(3);
-    let folder = tempfile::TempDir::new().expect("a temporary folder");
-    let report = import_gguf(&gguf, folder.path(), WeightDtype::F32).expect("an importable GGUF");
-    println!("{} ({:?}), {threads} threads, {rounds} rounds", gguf.display(), report.source_types);
-    let q8_0 = folder.path().join("requantized-q8_0.gguf");
-    write_gguf(folder.path(), &q8_0, GgufType::Q8_0).expect("the import writes back as GGUF");
+    let file_only = args.iter().any(|a| a == "--file-only");
     let options = LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() };
-    let mut models: Vec<(&str, CandleBackend)> = vec![
-        ("candle quantized", CandleBackend::load(&gguf, &options).expect("the GGUF loads")),
-        ("candle f32 folder", CandleBackend::load(folder.path(), &options).expect("the import loads")),
-        ("candle q8_0 file", CandleBackend::load(&q8_0, &options).expect("the Q8_0 file loads")),
-    ];
+    let mut models: Vec<(&str, CandleBackend)> =
+        vec![("candle quantized", CandleBackend::load(&gguf, &options).expect("the GGUF loads"))];
+    let folder = tempfile::TempDir::new().expect("a temporary folder");
+    if !file_only {
+        let report = import_gguf(&gguf, folder.path(), WeightDtype::F32).expect("an importable GGUF");
+        println!("source types: {:?}", report.source_types);
+        let q8_0 = folder.path().join("requantized-q8_0.gguf");
+        write_gguf(folder.path(), &q8_0, GgufType::Q8_0).expect("the import writes back as GGUF");
+        models.push(("candle f32 folder", CandleBackend::load(folder.path(), &options).expect("the import loads")));
+        models.push(("candle q8_0 file", CandleBackend::load(&q8_0, &options).expect("the Q8_0 file loads")));
+    }
+    println!("{}, {threads} threads, {rounds} rounds", gguf.display());
     let measures = 1 + BATCHES.len();
     let mut samples = vec![vec![Vec::new(); measures]; models.len()];
     for _ in 0..rounds {

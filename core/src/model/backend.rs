@@ -299,7 +299,12 @@ impl Backend for CandleBackend {
         reserve_rows(self.store.pool(), rows)?;
         self.store.sync();
         let (tokens, layout, last) = self.layout(rows);
-        let out = match self.model.forward(&mut self.store, &tokens, &layout, &last, want_hidden) {
+        let (model, store) = (&self.model, &mut self.store);
+        // The whole step runs on a worker of the current rayon pool. Called from outside
+        // the pool (the bench, a compute thread without a pool of its own), each of a
+        // step's ~200 parallel loops would otherwise be handed to a worker and waited
+        // for through the OS: at batch 1 that cost more than the attention did.
+        let out = match rayon::scope(|_| model.forward(store, &tokens, &layout, &last, want_hidden)) {
             Ok(out) => out,
             Err(e) => {
                 // K/V of the fed positions may be half written: forget them.

@@ -127,7 +127,7 @@ impl Transformer {
         let c = &self.config;
         let tokens = layout.num_tokens();
         let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, self.eps())?;
-        let mut qkv = layer.qkv.forward(&h)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut qkv = layer.qkv.forward_to_vec(&h)?;
         let mut attn = vec![0f32; tokens * c.num_heads * c.head_dim];
         let spec = AttentionSpec {
             num_heads: c.num_heads,
