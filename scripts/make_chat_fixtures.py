@@ -54,6 +54,7 @@ def render(tokenizer, case):
         case["messages"],
         tokenize=False,
         add_generation_prompt=case["add_generation_prompt"],
+        tools=case.get("tools"),
         **case.get("kwargs", {}),
     )
 

@@ -118,6 +118,16 @@ fn the_official_openai_client_gets_structured_outputs_and_refusals() {
     }
 }
 
+/// Tool calls forced on random weights: streamed and assembled, named, Pydantic-parsed,
+/// and a call with its result sent back through the template.
+#[test]
+fn the_official_openai_client_gets_tool_calls() {
+    let Some(stdout) = run_python_example("tool_calls.py", "openai, jsonschema") else { return };
+    for line in ["streamed call:", "named call: get_time(", "round trip:", "parsed arguments: GetWeather("] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+}
+
 #[test]
 fn curl_example_streams_sse_with_routing_trace() {
     let Some(_) = tool("CURL", "curl", false) else { return };

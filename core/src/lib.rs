@@ -7,3 +7,4 @@ pub mod rng;
 pub mod sched;
 pub mod sse;
 pub mod tokenize;
+pub mod tools;

@@ -13,16 +13,15 @@ use super::error::ApiError;
 
 /// Fields OpenAI defines as hints to its own platform: accepted, and they change
 /// nothing here.
-pub const ACCEPTED_HINTS: &[&str] = &["metadata", "store", "service_tier", "parallel_tool_calls", "modalities"];
+pub const ACCEPTED_HINTS: &[&str] = &["metadata", "store", "service_tier", "modalities"];
 
 /// Roles a chat message may have.
-pub const ROLES: &[&str] = &["system", "developer", "user", "assistant"];
+pub const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
 /// What each refused field is, for its error message.
 fn why_refused(field: &str) -> &'static str {
     match field {
         "suffix" => "suffix (fill-in-the-middle) is not supported",
-        "tools" | "tool_choice" => "tool calls are not supported yet",
         "functions" | "function_call" => "the legacy functions form is not supported",
         "audio" => "audio output is not supported",
         "prediction" => "predicted outputs are not supported",
@@ -47,8 +46,7 @@ fn is_harmless(field: &str, value: &Value) -> bool {
         return value.as_array().is_some_and(|m| m.iter().all(|x| x == "text"));
     }
     let switched_off = match field {
-        "tool_choice" => value.is_null() || value == "none",
-        "tools" | "functions" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
+        "functions" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
         _ => value.is_null(),
     };
     ACCEPTED_HINTS.contains(&field) || switched_off

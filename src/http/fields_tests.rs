@@ -12,13 +12,13 @@ fn fields(json: Value) -> BTreeMap<String, Value> {
 
 #[test]
 fn unimplemented_fields_are_refused_by_name_and_hints_pass() {
-    for field in ["suffix", "tools", "tool_choice", "functions", "function_call", "audio", "prediction", "wizardry"] {
+    for field in ["suffix", "functions", "function_call", "audio", "prediction", "wizardry"] {
         let body = fields(serde_json::json!({ field: [{"x": 1}] }));
         assert_eq!(param(refuse_unknown(&body)).as_deref(), Some(field));
     }
     let hints = fields(serde_json::json!({
-        "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "parallel_tool_calls": true,
-        "modalities": ["text"], "tools": [], "tool_choice": "none", "suffix": null,
+        "metadata": {"a": "b"}, "store": false, "service_tier": "auto",
+        "modalities": ["text"], "functions": [], "suffix": null,
     }));
     assert!(refuse_unknown(&hints).is_ok());
     let audio_out = fields(serde_json::json!({"modalities": ["text", "audio"]}));

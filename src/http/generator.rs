@@ -11,6 +11,7 @@ use tokenrouter_actors::kv_manager::KvUsage;
 use tokenrouter_actors::tokenizer::RenderedChat;
 use tokenrouter_actors::{Engine, EngineError, Fault, GenerateRequest, GenerationEvent, SubserverSnapshot};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
+use tokenrouter_core::tools::ToolSyntax;
 
 /// Events of one request. Dropping the stream must cancel the request and free its
 /// KV: the SSE body owns it, so a client that goes away cancels its request.
@@ -87,6 +88,12 @@ pub trait Generator: Send + Sync + 'static {
 
     /// One token as text, for logprobs (`<id>` when there is no tokenizer).
     fn token_text(&self, id: u32) -> String;
+
+    /// How the models write tool calls (from their chat template); `None` when they
+    /// have no tokenizer to render tools with.
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        None
+    }
 
     /// Token ids back to text, special tokens included (`/detokenize`).
     fn decode(&self, _ids: Vec<u32>) -> Result<String, EngineError> {
@@ -167,6 +174,11 @@ impl Generator for Engine {
 
     fn token_text(&self, id: u32) -> String {
         self.tokenizer().and_then(|t| t.decode(&[id], false).ok()).unwrap_or_else(|| format!("<{id}>"))
+    }
+
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        let tokenizer = self.tokenizer()?;
+        Some(ToolSyntax::of_template(tokenizer.config().chat_template.as_deref()))
     }
 
     fn decode(&self, ids: Vec<u32>) -> Result<String, EngineError> {

@@ -53,7 +53,8 @@ async fn serve(state: &AppState, body: OpenAiRequest, endpoint: Endpoint) -> Res
     // were admitted refuses the whole request: dropping their streams cancels them.
     let mut streams = Vec::with_capacity(plan.n);
     for request in plan.choice_requests() {
-        streams.push(state.engine.generate_with_text(request, plan.prompt_text.as_deref()).await?);
+        let stream = state.engine.generate_with_text(request, plan.prompt_text.as_deref()).await;
+        streams.push(stream.map_err(|e| plan.engine_error(e))?);
     }
     if plan.stream {
         let encoders = (0..plan.n).map(|i| StreamEncoder::new(shape.clone(), i)).collect();

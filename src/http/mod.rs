@@ -28,6 +28,7 @@ mod server;
 mod sse;
 mod state;
 mod tokenize;
+mod tools;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};

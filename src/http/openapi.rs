@@ -226,7 +226,7 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
         "n": { "type": "integer", "minimum": 1, "maximum": super::request::MAX_CHOICES,
             "description": "Choices from the one prompt; choice i samples with seed + i." },
         "best_of": one,
-        "echo": { "type": "boolean", "enum": [false], "description": "Not supported: only false." },
+        "echo": { "type": "boolean", "description": "Completions: the text starts with the prompt (not with logprobs)." },
         "user": { "type": "string" },
         "ignore_eos": { "type": "boolean" },
         "skip_special_tokens": { "type": "boolean" },
@@ -240,7 +240,6 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
         "metadata": { "type": "object", "description": "Accepted; changes nothing." },
         "store": { "type": "boolean", "description": "Accepted; changes nothing." },
         "service_tier": { "type": "string", "description": "Accepted; changes nothing." },
-        "parallel_tool_calls": { "type": "boolean", "description": "Accepted; changes nothing." },
     });
     match fields {
         Value::Object(map) => map,
@@ -300,7 +299,33 @@ fn chat_request(b: &Bounds) -> Value {
     );
     properties.insert("add_generation_prompt".into(), json!({ "type": "boolean" }));
     properties.insert("chat_template_kwargs".into(), json!({ "type": "object" }));
+    properties.extend(tool_fields());
     request_object("A chat completion.".into(), "messages", properties, b)
+}
+
+/// `tools`, `tool_choice`, `parallel_tool_calls` (docs/api.md, "Tool calls").
+fn tool_fields() -> Map<String, Value> {
+    let name = json!({ "type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$" });
+    let tool = json!({ "type": "object", "required": ["type", "function"], "properties": {
+        "type": { "type": "string", "enum": ["function"] },
+        "function": { "type": "object", "required": ["name"], "properties": {
+            "name": name, "description": { "type": "string" },
+            "parameters": { "type": "object", "description": "A JSON schema of the arguments." },
+            "strict": { "type": "boolean" } } } } });
+    let named = json!({ "type": "object", "required": ["type", "function"], "properties": {
+        "type": { "type": "string", "enum": ["function"] },
+        "function": { "type": "object", "required": ["name"], "properties": { "name": name } } } });
+    let fields = json!({
+        "tools": { "type": "array", "items": tool, "maxItems": super::tools::MAX_TOOLS,
+            "description": "Functions the model may call; rendered by the chat template, calls parsed into tool_calls." },
+        "tool_choice": { "oneOf": [{ "type": "string", "enum": ["none", "auto", "required"] }, named],
+            "description": "required and a named function are enforced with a grammar." },
+        "parallel_tool_calls": { "type": "boolean", "description": "Allow several calls in one answer (true)." },
+    });
+    match fields {
+        Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
 }
 
 fn completion_request(b: &Bounds) -> Value {
@@ -333,8 +358,21 @@ fn chat_message() -> Value {
             "role": { "type": "string", "enum": super::fields::ROLES },
             "content": { "nullable": true, "oneOf": [{ "type": "string" }, { "type": "array", "items": part }] },
             "reasoning_content": { "type": "string" },
+            "tool_calls": { "type": "array", "items": tool_call(),
+                "description": "An earlier assistant turn's calls." },
+            "tool_call_id": { "type": "string", "description": "A tool message: the call it answers." },
+            "name": { "type": "string" },
         },
     })
+}
+
+fn tool_call() -> Value {
+    json!({ "type": "object", "required": ["function"], "properties": {
+        "id": { "type": "string" },
+        "type": { "type": "string", "enum": ["function"] },
+        "function": { "type": "object", "required": ["name", "arguments"], "properties": {
+            "name": { "type": "string" },
+            "arguments": { "type": "string", "description": "The arguments as a JSON object, in a string." } } } } })
 }
 
 fn routing(b: &Bounds) -> Value {
@@ -381,7 +419,7 @@ fn choice_with(key: &str, text: Value) -> Value {
             "index": { "type": "integer" },
             key: text,
             "logprobs": { "type": "object", "nullable": true },
-            "finish_reason": { "type": "string", "enum": ["stop", "length"] },
+            "finish_reason": { "type": "string", "enum": ["stop", "length", "tool_calls"] },
             "token_ids": { "type": "array", "items": { "type": "integer" } },
             "routing_trace": { "type": "array", "items": { "type": "string" } },
         },
@@ -392,7 +430,11 @@ fn chat_choice() -> Value {
     let message = json!({
         "type": "object",
         "required": ["role", "content"],
-        "properties": { "role": { "type": "string", "enum": ["assistant"] }, "content": { "type": "string" } },
+        "properties": {
+            "role": { "type": "string", "enum": ["assistant"] },
+            "content": { "type": "string", "nullable": true, "description": "null when the answer is only tool calls." },
+            "tool_calls": { "type": "array", "items": tool_call() },
+        },
     });
     choice_with("message", message)
 }

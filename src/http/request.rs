@@ -9,15 +9,17 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use tokenrouter_actors::GenerateRequest;
+use tokenrouter_actors::{EngineError, GenerateRequest};
 use tokenrouter_core::model::sampler::{SamplingError, SamplingParams, MAX_LOGPROBS};
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
+use tokenrouter_core::tools::ToolSyntax;
 
 use super::error::ApiError;
 use super::fields;
 use super::routing::RoutingRequest;
 use super::state::{AppState, RequestLimits};
+use super::tools::{ToolFields, ToolPlan};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -75,6 +77,11 @@ pub struct OpenAiRequest {
     pub response_format: Option<Value>,
     /// Token id (a string, as OpenAI sends it) to a bias in -100..=100.
     pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// Chat only: the functions the model may call, and how (see [`tools`]); kept as
+    /// JSON so that errors name the exact field.
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     /// Every other field; refused unless harmless.
     #[serde(flatten)]
     pub unrecognized: BTreeMap<String, Value>,
@@ -128,6 +135,13 @@ pub struct Plan {
     pub model: String,
     /// The text the prompt was tokenized from (rendered chat or completion prompt).
     pub prompt_text: Option<String>,
+    /// Tool calls are read out of the output in this syntax (`tools` with a
+    /// `tool_choice` other than `none`).
+    pub tool_syntax: Option<ToolSyntax>,
+    /// The grammar is the tools' (`tool_choice` required or named), not `response_format`'s.
+    pub tools_forced: bool,
+    /// Completions with `echo`: the prompt's text, which each choice's text starts with.
+    pub echo: Option<String>,
 }
 
 /// Most choices one request may ask for (`n`).
@@ -145,6 +159,17 @@ impl Plan {
             })
             .collect()
     }
+
+    /// The engine's refusal as the client should read it: a grammar that does not
+    /// compile came from the tools' parameters when the tools force a call.
+    pub fn engine_error(&self, error: EngineError) -> ApiError {
+        match error {
+            EngineError::InvalidGrammar(m) if self.tools_forced => {
+                ApiError::bad_request(format!("a tool's parameters cannot be enforced: {m}"), Some("tools"))
+            }
+            other => ApiError::from(other),
+        }
+    }
 }
 
 impl OpenAiRequest {
@@ -159,11 +184,9 @@ impl OpenAiRequest {
         if self.best_of.is_some_and(|n| n != 1) {
             return bad("only best_of = 1 is supported", "best_of");
         }
-        if self.echo == Some(true) {
-            return bad("echo is not supported", "echo");
-        }
         fields::refuse_unknown(&self.unrecognized)?;
         let grammar = fields::grammar_of(self.response_format.as_ref())?;
+        let tools = self.tool_plan(state, endpoint, grammar.is_some())?;
         let limits = &state.limits.request;
         let vocab = state.engine.vocab_size();
         let logit_bias = fields::logit_bias_of(self.logit_bias.as_ref(), vocab)?;
@@ -172,12 +195,19 @@ impl OpenAiRequest {
         self.check_session_id(limits)?;
         let model = state.check_model(self.model.as_deref())?;
         let logprobs = self.logprobs_wanted(endpoint, limits.max_top_logprobs)?;
+        let echo = self.echo_wanted(endpoint, logprobs)?;
         let policy = self.resolve_policy(state)?;
         let mut sampling = self.sampling(logprobs)?;
         sampling.logit_bias = logit_bias;
-        let (prompt, prompt_text, prompt_param) = self.tokenize(state, endpoint).await?;
+        let definitions = tools.as_ref().map(|t| t.definitions.clone());
+        let (prompt, prompt_text, prompt_param) = self.tokenize(state, endpoint, definitions).await?;
         check_prompt_ids(&prompt, vocab, prompt_param)?;
         let max_tokens = self.max_tokens(state, prompt.len(), prompt_param)?;
+        let echo = match (echo, &prompt_text) {
+            (false, _) => None,
+            (true, Some(text)) => Some(text.clone()),
+            (true, None) => Some(state.engine.decode(prompt.clone())?),
+        };
         let mut generate = GenerateRequest::new(prompt, max_tokens);
         generate.sampling = sampling;
         generate.policy = policy;
@@ -185,7 +215,8 @@ impl OpenAiRequest {
         generate.stop_ids = stop_ids;
         generate.ignore_eos = self.ignore_eos.unwrap_or(false);
         generate.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
-        generate.grammar = grammar;
+        let tools_forced = tools.as_ref().is_some_and(|t| t.grammar.is_some());
+        generate.grammar = grammar.or(tools.as_ref().and_then(|t| t.grammar.clone()));
         Ok(Plan {
             endpoint,
             generate,
@@ -197,7 +228,42 @@ impl OpenAiRequest {
             token_ids: self.return_token_ids.unwrap_or(false),
             model,
             prompt_text,
+            tool_syntax: tools.and_then(|t| t.parse),
+            tools_forced,
+            echo,
         })
+    }
+
+    /// `echo` (completions): the prompt's text before the output. Prompt logprobs
+    /// are not computed, so echo with logprobs is refused rather than half-done.
+    fn echo_wanted(&self, endpoint: Endpoint, logprobs: Option<usize>) -> Result<bool, ApiError> {
+        match (self.echo.unwrap_or(false), endpoint, logprobs) {
+            (false, _, _) => Ok(false),
+            (true, Endpoint::Chat, _) => Err(ApiError::bad_request("echo is for /v1/completions", Some("echo"))),
+            (true, Endpoint::Completions, Some(_)) => Err(ApiError::bad_request(
+                "echo with logprobs is not supported (prompt logprobs are not computed)",
+                Some("echo"),
+            )),
+            (true, Endpoint::Completions, None) => Ok(true),
+        }
+    }
+
+    /// The tools, checked against the endpoint and `response_format` (a grammar for
+    /// the content and calls the model may make would contradict each other).
+    fn tool_plan(&self, state: &AppState, endpoint: Endpoint, has_format: bool) -> Result<Option<ToolPlan>, ApiError> {
+        let fields = ToolFields {
+            tools: self.tools.as_ref(),
+            tool_choice: self.tool_choice.as_ref(),
+            parallel_tool_calls: self.parallel_tool_calls,
+        };
+        let plan = fields.plan(endpoint, state.engine.tool_syntax())?;
+        if has_format && plan.as_ref().is_some_and(|p| p.parse.is_some()) {
+            return Err(ApiError::bad_request(
+                "response_format cannot be combined with tools the model may call (tool_choice other than none)",
+                Some("response_format"),
+            ));
+        }
+        Ok(plan)
     }
 
     /// `stop` as a list, within the count and length limits; empty strings would end
@@ -340,6 +406,7 @@ impl OpenAiRequest {
         &self,
         state: &AppState,
         endpoint: Endpoint,
+        tools: Option<Vec<Value>>,
     ) -> Result<(Vec<u32>, Option<String>, &'static str), ApiError> {
         let session = self.session_id.clone();
         let (ids, text) = match endpoint {
@@ -354,6 +421,7 @@ impl OpenAiRequest {
                 let options = RenderOptions {
                     add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
                     extra: self.chat_template_kwargs.clone().unwrap_or_default(),
+                    tools,
                 };
                 let rendered = state.engine.chat_in_session(messages, options, session).await?;
                 return Ok((rendered.ids, Some(rendered.text), "messages"));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 use tokenrouter_actors::Usage;
 use tokenrouter_core::sched::FinishReason;
+use tokenrouter_core::tools::{ParsedPiece, ToolCall, ToolCallParser, ToolSyntax};
 
 use super::generator::Generator;
 use super::request::{Endpoint, Plan};
@@ -22,6 +23,10 @@ pub struct Shape {
     pub logprobs: bool,
     pub token_ids: bool,
     pub include_usage: bool,
+    /// Tool calls are read out of the output in this syntax.
+    pub tool_syntax: Option<ToolSyntax>,
+    /// The prompt's text, which completion texts start with (`echo`).
+    pub echo: Option<String>,
     pub engine: Arc<dyn Generator>,
     model_names: Vec<String>,
 }
@@ -41,9 +46,22 @@ impl Shape {
             logprobs: plan.logprobs.is_some(),
             token_ids: plan.token_ids,
             include_usage: plan.include_usage,
+            tool_syntax: plan.tool_syntax,
+            echo: plan.echo.clone(),
             model_names: engine.model_names(),
             engine,
         }
+    }
+
+    fn tool_parser(&self) -> Option<ToolCallParser> {
+        self.tool_syntax.map(ToolCallParser::new)
+    }
+
+    /// OpenAI's `call_...` id of call `k` of choice `index`: unique within the response
+    /// (the response id is unique per server run).
+    fn call_id(&self, index: usize, k: usize) -> String {
+        let response = self.id.rsplit('-').next().unwrap_or(&self.id);
+        format!("call_{response}_{index}_{k}")
     }
 
     fn model_name(&self, index: usize) -> String {
@@ -129,6 +147,15 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
+/// A choice that ended by itself after calling tools ends with `tool_calls`, as
+/// OpenAI's do; one cut by the budget still says `length`.
+fn choice_finish_reason(reason: FinishReason, calls: usize) -> &'static str {
+    match reason {
+        FinishReason::Stop if calls > 0 => "tool_calls",
+        other => finish_reason(other),
+    }
+}
+
 /// One committed token as the response reports it.
 #[derive(Debug, Clone)]
 pub struct TokenInfo {
@@ -146,41 +173,84 @@ pub struct StreamEncoder {
     /// The choice this encoder writes (`n` > 1 has one encoder per choice).
     index: usize,
     pending: Vec<TokenInfo>,
+    /// Reads tool calls out of the text, when the request offered tools.
+    tools: Option<ToolCallParser>,
+    calls: usize,
 }
 
 impl StreamEncoder {
     pub fn new(shape: Shape, index: usize) -> Self {
-        StreamEncoder { shape, index, pending: Vec::new() }
+        let tools = shape.tool_parser();
+        StreamEncoder { shape, index, pending: Vec::new(), tools, calls: 0 }
     }
 
-    /// Chunks sent before any token: chat announces the assistant role.
+    /// Chunks sent before any token: chat announces the assistant role; an echoed
+    /// completion starts with its prompt.
     pub fn start(&self) -> Vec<Value> {
-        match self.shape.endpoint {
-            Endpoint::Chat => vec![self.chunk(json!({ "role": "assistant", "content": "" }), &[], None)],
-            Endpoint::Completions => Vec::new(),
+        match (self.shape.endpoint, &self.shape.echo) {
+            (Endpoint::Chat, _) => vec![self.chunk(json!({ "role": "assistant", "content": "" }), &[], None)],
+            (Endpoint::Completions, Some(prompt)) => vec![self.chunk(json!(prompt), &[], None)],
+            (Endpoint::Completions, None) => Vec::new(),
         }
     }
 
-    pub fn token(&mut self, info: TokenInfo, text: &str) -> Option<Value> {
+    /// The chunks a token's text makes: none while text is held back (by the
+    /// detokenizer, or while a tool call is being written).
+    pub fn token(&mut self, info: TokenInfo, text: &str) -> Vec<Value> {
         self.pending.push(info);
         if text.is_empty() {
-            return None;
+            return Vec::new();
         }
-        Some(self.content_chunk(text))
+        match self.tools.as_mut().map(|parser| parser.push(text)) {
+            Some(pieces) => self.piece_chunks(pieces),
+            None => vec![self.content_chunk(text)],
+        }
     }
 
-    /// The held-back text (if any), then the finish chunk.
+    /// The held-back text and calls (if any), then the finish chunk.
     pub fn finished(&mut self, reason: FinishReason, tail: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        if !tail.is_empty() || !self.pending.is_empty() {
-            out.push(self.content_chunk(tail));
+        let mut out = match self.tools.as_mut() {
+            Some(parser) => {
+                let mut pieces = parser.push(tail);
+                pieces.extend(parser.finish());
+                self.piece_chunks(pieces)
+            }
+            None if !tail.is_empty() => vec![self.content_chunk(tail)],
+            None => Vec::new(),
+        };
+        if !self.pending.is_empty() {
+            out.push(self.content_chunk(""));
         }
         let delta = match self.shape.endpoint {
             Endpoint::Chat => json!({}),
             Endpoint::Completions => json!(""),
         };
-        out.push(self.chunk(delta, &[], Some(finish_reason(reason))));
+        out.push(self.chunk(delta, &[], Some(choice_finish_reason(reason, self.calls))));
         out
+    }
+
+    fn piece_chunks(&mut self, pieces: Vec<ParsedPiece>) -> Vec<Value> {
+        let mut out = Vec::new();
+        for piece in pieces {
+            match piece {
+                ParsedPiece::Content(text) => out.push(self.content_chunk(&text)),
+                ParsedPiece::Call(call) => out.extend(self.call_chunks(call)),
+            }
+        }
+        out
+    }
+
+    /// A call as OpenAI streams one: its id, type and name with empty arguments,
+    /// then the arguments.
+    fn call_chunks(&mut self, call: ToolCall) -> [Value; 2] {
+        let k = self.calls;
+        self.calls += 1;
+        let tokens = std::mem::take(&mut self.pending);
+        let id = self.shape.call_id(self.index, k);
+        let head = json!({ "tool_calls": [{ "index": k, "id": id, "type": "function",
+            "function": { "name": call.name, "arguments": "" } }] });
+        let arguments = json!({ "tool_calls": [{ "index": k, "function": { "arguments": call.arguments } }] });
+        [self.chunk(head, &tokens, None), self.chunk(arguments, &[], None)]
     }
 
     /// The last chunk, when usage was asked for: the usage of every choice together.
@@ -249,12 +319,19 @@ impl Collected {
     pub fn finish(mut self, reason: FinishReason, tail: &str) -> Value {
         self.text.push_str(tail);
         let s = &self.shape;
+        let (message, calls) = match s.tool_parser() {
+            Some(parser) => self.message_with_calls(parser),
+            None => (json!({ "role": "assistant", "content": self.text }), 0),
+        };
         let mut choice = match s.endpoint {
-            Endpoint::Chat => json!({ "index": self.index, "message": { "role": "assistant", "content": self.text } }),
-            Endpoint::Completions => json!({ "index": self.index, "text": self.text }),
+            Endpoint::Chat => json!({ "index": self.index, "message": message }),
+            Endpoint::Completions => {
+                let text = format!("{}{}", s.echo.as_deref().unwrap_or_default(), self.text);
+                json!({ "index": self.index, "text": text })
+            }
         };
         choice["logprobs"] = s.logprobs_value(&self.tokens);
-        choice["finish_reason"] = json!(finish_reason(reason));
+        choice["finish_reason"] = json!(choice_finish_reason(reason, calls));
         if s.token_ids {
             choice["token_ids"] = self.tokens.iter().map(|t| t.token).collect();
         }
@@ -262,6 +339,36 @@ impl Collected {
             choice["routing_trace"] = self.tokens.iter().map(|t| json!(s.model_name(t.model))).collect();
         }
         choice
+    }
+}
+
+impl Collected {
+    /// The assistant message with the calls read out of its text: `content` is null
+    /// when only calls were written, as OpenAI's is.
+    fn message_with_calls(&self, mut parser: ToolCallParser) -> (Value, usize) {
+        let mut pieces = parser.push(&self.text);
+        pieces.extend(parser.finish());
+        let mut content = String::new();
+        let mut calls = Vec::new();
+        for piece in pieces {
+            match piece {
+                ParsedPiece::Content(text) => content.push_str(&text),
+                ParsedPiece::Call(call) => {
+                    let id = self.shape.call_id(self.index, calls.len());
+                    calls.push(json!({ "id": id, "type": "function",
+                        "function": { "name": call.name, "arguments": call.arguments } }));
+                }
+            }
+        }
+        let count = calls.len();
+        let mut message = json!({ "role": "assistant", "content": content });
+        if count > 0 {
+            if content.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = Value::Array(calls);
+        }
+        (message, count)
     }
 }
 

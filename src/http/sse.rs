@@ -69,9 +69,8 @@ impl SseStream {
         match event {
             GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
                 let info = TokenInfo { token, model, logprob, top_logprobs };
-                if let Some(chunk) = encoder.token(info, &text) {
-                    self.queue.push_back(data_frame(&chunk));
-                }
+                let chunks = encoder.token(info, &text);
+                self.queue.extend(chunks.iter().map(data_frame));
             }
             GenerationEvent::Finished { reason, usage, text, .. } => {
                 let chunks = encoder.finished(reason, &text);

@@ -9,7 +9,9 @@ use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 use super::error::ApiError;
 use super::extract::{ApiJson, Authorized};
 use super::fields;
+use super::request::Endpoint;
 use super::state::AppState;
+use super::tools::ToolFields;
 
 #[derive(Debug, Deserialize)]
 pub struct TokenizeRequest {
@@ -21,6 +23,8 @@ pub struct TokenizeRequest {
     /// Messages only (true).
     pub add_generation_prompt: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Messages only: the tools a chat request would offer, rendered the same way.
+    pub tools: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -40,9 +44,12 @@ pub async fn tokenize(
         (Some(prompt), None) => state.engine.encode(prompt, body.add_special_tokens.unwrap_or(true)).await?,
         (None, Some(mut messages)) => {
             fields::check_roles(&mut messages)?;
+            let tools = ToolFields { tools: body.tools.as_ref(), tool_choice: None, parallel_tool_calls: None };
+            let tools = tools.plan(Endpoint::Chat, state.engine.tool_syntax())?;
             let options = RenderOptions {
                 add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
                 extra: body.chat_template_kwargs.unwrap_or_default(),
+                tools: tools.map(|t| t.definitions),
             };
             state.engine.chat(messages, options).await?.ids
         }

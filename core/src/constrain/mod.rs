@@ -151,4 +151,4 @@ impl TokenizerEnv for VocabularyEnv {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

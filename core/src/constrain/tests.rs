@@ -7,20 +7,20 @@ use crate::tokenize::test_support::qwen3;
 /// Qwen3's vocabulary, as the demo models use it (logits are 151,936 wide).
 const MODEL_VOCAB: usize = 151_936;
 
-fn compiler() -> Option<(GrammarCompiler, TextTokenizer)> {
+pub(crate) fn compiler() -> Option<(GrammarCompiler, TextTokenizer)> {
     let tokenizer = qwen3()?;
     Some((GrammarCompiler::new(&tokenizer, MODEL_VOCAB).expect("Qwen3's vocabulary reads as bytes"), tokenizer))
 }
 
 /// How a walk ended: the text, and whether the grammar completed (or a stop token came).
-struct Walk {
-    text: String,
-    ended: bool,
+pub(crate) struct Walk {
+    pub text: String,
+    pub ended: bool,
 }
 
 /// Draws uniformly among the allowed tokens until the grammar completes, a stop token
 /// is drawn, or `limit` tokens: the worst case of a model that knows nothing.
-fn random_walk(constraint: &TokenConstraint, tokenizer: &TextTokenizer, seed: u64, limit: usize) -> Walk {
+pub(crate) fn random_walk(constraint: &TokenConstraint, tokenizer: &TextTokenizer, seed: u64, limit: usize) -> Walk {
     let mut rng = SplitMix64(seed);
     let mut output = Vec::new();
     let stops = tokenizer.eos_token_ids();

@@ -1,7 +1,8 @@
 //! `ChatTemplate`: renders a model folder's HF chat template with minijinja, set up to behave like the
 //! Jinja2 environment transformers builds (`trim_blocks`, `lstrip_blocks`, loop controls, Python string
 //! methods, `raise_exception`, Python's `tojson`, `strftime_now`), so the prompt — and so the token ids —
-//! equal what the model was trained with. Tools are not passed yet (`tools` is none).
+//! equal what the model was trained with. Tools go to templates that take them as `tools`; a template
+//! that knows none gets them as Hermes-style instructions in the system message (see [`crate::tools`]).
 
 use std::path::Path;
 
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::config::{SpecialTokens, TokenizerConfig};
 use super::error::TokenizeError;
 use super::{pyjson, strftime};
+use crate::tools;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -25,12 +27,49 @@ pub struct ChatMessage {
     /// Reasoning of an earlier assistant turn (Qwen3's template re-wraps it in `<think>`).
     #[serde(default, alias = "reasoning", skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The calls an earlier assistant turn made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function that answered (some templates show it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.into(), content: Some(MessageContent::Text(content.into())), reasoning_content: None }
+        Self {
+            role: role.into(),
+            content: Some(MessageContent::Text(content.into())),
+            reasoning_content: None,
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
     }
+}
+
+/// One call of an assistant turn, in OpenAI's shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// OpenAI sends a string of JSON; an object is accepted too.
+    pub arguments: serde_json::Value,
+}
+
+fn function_type() -> String {
+    "function".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +96,8 @@ pub struct RenderOptions {
     /// Extra template variables (`chat_template_kwargs`), e.g. `enable_thinking: false` for Qwen3 or
     /// `date_string` for Llama-3.x. They override the built-in variables of the same name.
     pub extra: serde_json::Map<String, serde_json::Value>,
+    /// The tools the model may call, in OpenAI's shape (`{"type": "function", "function": {...}}`).
+    pub tools: Option<Vec<serde_json::Value>>,
 }
 
 /// What the template sees of a message: content already flattened to a string, because most
@@ -70,11 +111,37 @@ struct TemplateMessage<'a> {
     /// transformers fills this alias for templates (gpt-oss) that read `thinking`.
     #[serde(skip_serializing_if = "Option::is_none")]
     thinking: Option<&'a str>,
+    /// Absent, not empty, without calls: Llama-3's template tests `'tool_calls' in message`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<TemplateToolCall<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+}
+
+/// A call as templates read it: arguments as a mapping (Llama-3's template writes them
+/// with `tojson`, Qwen3's accepts either), as transformers users and vLLM pass them.
+#[derive(Serialize)]
+struct TemplateToolCall<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    function: TemplateFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct TemplateFunction<'a> {
+    name: &'a str,
+    arguments: serde_json::Value,
 }
 
 pub struct ChatTemplate {
     env: Environment<'static>,
     special: SpecialTokens,
+    /// The template renders `tools` itself.
+    takes_tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -106,7 +173,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, neutralize_generation_tags(source))
             .map_err(|e| TokenizeError::TemplateSyntax(describe(&e)))?;
-        let template = Self { env, special };
+        let template = Self { env, special, takes_tools: tools::template_takes_tools(source) };
         Ok(template.with_clock(strftime::unix_now))
     }
 
@@ -136,6 +203,11 @@ impl ChatTemplate {
     /// The prompt text for `messages`. Encode it with `add_special_tokens = false`: the template already
     /// writes the BOS text where the model wants it.
     pub fn render(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, TokenizeError> {
+        if let (Some(tools), false) = (&options.tools, self.takes_tools) {
+            let messages = tools_as_instructions(messages, tools);
+            let options = RenderOptions { tools: None, ..options.clone() };
+            return self.render(&messages, &options);
+        }
         let messages = messages.iter().map(template_message).collect::<Result<Vec<_>, _>>()?;
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizeError::TemplateRender(describe(&e)))?;
         template.render(self.context(messages, options)).map_err(classify_render_error)
@@ -146,7 +218,7 @@ impl ChatTemplate {
     fn context(&self, messages: Vec<TemplateMessage<'_>>, options: &RenderOptions) -> Value {
         let mut vars: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from_serialize(&messages)),
-            ("tools".into(), Value::from(())),
+            ("tools".into(), options.tools.as_ref().map_or(Value::from(()), Value::from_serialize)),
             ("documents".into(), Value::from(())),
             ("add_generation_prompt".into(), Value::from(options.add_generation_prompt)),
         ];
@@ -170,7 +242,63 @@ fn template_message(message: &ChatMessage) -> Result<TemplateMessage<'_>, Tokeni
         Some(MessageContent::Parts(parts)) => flatten_text_parts(parts)?,
     };
     let reasoning = message.reasoning_content.as_deref();
-    Ok(TemplateMessage { role: &message.role, content, reasoning_content: reasoning, thinking: reasoning })
+    let tool_calls = message.tool_calls.as_ref().map(|calls| calls.iter().map(template_tool_call).collect());
+    Ok(TemplateMessage {
+        role: &message.role,
+        content,
+        reasoning_content: reasoning,
+        thinking: reasoning,
+        tool_calls,
+        tool_call_id: message.tool_call_id.as_deref(),
+        name: message.name.as_deref(),
+    })
+}
+
+fn template_tool_call(call: &MessageToolCall) -> TemplateToolCall<'_> {
+    let function =
+        TemplateFunction { name: &call.function.name, arguments: arguments_object(&call.function.arguments) };
+    TemplateToolCall { id: call.id.as_deref(), kind: &call.kind, function }
+}
+
+/// Arguments as a mapping where the string holds JSON; otherwise as given.
+fn arguments_object(arguments: &serde_json::Value) -> serde_json::Value {
+    match arguments {
+        serde_json::Value::String(text) => serde_json::from_str(text).unwrap_or_else(|_| arguments.clone()),
+        other => other.clone(),
+    }
+}
+
+/// For a template that knows no tools: the tools described in the system message,
+/// earlier calls written as Hermes blocks, tool results as user turns wrapped in
+/// `<tool_response>` (as Qwen's templates render them).
+fn tools_as_instructions(messages: &[ChatMessage], tools: &[serde_json::Value]) -> Vec<ChatMessage> {
+    let instructions = tools::hermes_instructions(tools);
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    match messages.first().filter(|m| m.role == "system") {
+        Some(system) => {
+            let text = template_message(system).map(|m| m.content).unwrap_or_default();
+            out.push(ChatMessage::new("system", &format!("{text}\n\n{instructions}")));
+        }
+        None => out.push(ChatMessage::new("system", &instructions)),
+    }
+    let has_system = messages.first().is_some_and(|m| m.role == "system");
+    for message in messages.iter().skip(usize::from(has_system)) {
+        let mut message = message.clone();
+        if let Some(calls) = message.tool_calls.take() {
+            let calls: Vec<_> =
+                calls.iter().map(|c| (c.function.name.clone(), arguments_object(&c.function.arguments))).collect();
+            let text = template_message(&message).map(|m| m.content).unwrap_or_default();
+            let blocks = tools::hermes_blocks(&calls);
+            let joined = if text.is_empty() { blocks } else { format!("{text}\n{blocks}") };
+            message.content = Some(MessageContent::Text(joined));
+        }
+        if message.role == "tool" {
+            let text = template_message(&message).map(|m| m.content).unwrap_or_default();
+            message = ChatMessage::new("user", &format!("<tool_response>\n{text}\n</tool_response>"));
+        }
+        out.push(message);
+    }
+    out
 }
 
 /// Text parts joined by newlines (as vLLM does for string-content templates).

@@ -26,6 +26,8 @@ struct Case {
     #[serde(default)]
     kwargs: serde_json::Map<String, serde_json::Value>,
     now_unix: Option<i64>,
+    #[serde(default)]
+    tools: Option<Vec<serde_json::Value>>,
 }
 
 /// The folder holding `model`'s template, or None (with the reason printed) when it was not fetched.
@@ -41,7 +43,11 @@ fn render_case(case: &Case, folder: &std::path::Path) -> String {
     if let Some(now) = case.now_unix {
         template = template.with_fixed_time(now);
     }
-    let options = RenderOptions { add_generation_prompt: case.add_generation_prompt, extra: case.kwargs.clone() };
+    let options = RenderOptions {
+        add_generation_prompt: case.add_generation_prompt,
+        extra: case.kwargs.clone(),
+        tools: case.tools.clone(),
+    };
     template.render(&case.messages, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name))
 }
 
