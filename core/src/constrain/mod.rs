@@ -100,11 +100,17 @@ fn top_level_grammar(spec: &GrammarSpec) -> TopLevelGrammar {
     }
 }
 
-fn json_grammar(mut schema: Value, strict: bool) -> TopLevelGrammar {
+fn json_grammar(schema: Value, strict: bool) -> TopLevelGrammar {
+    TopLevelGrammar::from_json_schema(compact_json_schema(schema, strict))
+}
+
+/// `schema` marked for compact JSON (llguidance reads the mark where the schema is
+/// embedded in a Lark grammar too, as `%json`).
+pub fn compact_json_schema(mut schema: Value, strict: bool) -> Value {
     if schema.is_object() {
         compact_json_options(strict).apply_to(&mut schema);
     }
-    TopLevelGrammar::from_json_schema(schema)
+    schema
 }
 
 /// The vocabulary as llguidance sees it: every token's bytes, and our tokenizer for the

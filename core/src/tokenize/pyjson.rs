@@ -200,11 +200,11 @@ mod tests {
             r#"{"zeta": 1, "alpha": [true, null, 2.5, "<a & 'b'>"], "uni": "日本\n", "empty": {}}"#,
         )
         .unwrap();
-        // What json.dumps(data, ensure_ascii=False) prints, key order included (serde_json here keeps
-        // maps sorted, so "alpha" < "empty" < "uni" < "zeta" is the insertion order it hands over).
+        // What json.dumps(data, ensure_ascii=False) prints, key order included: insertion order, as
+        // Python's dicts keep it (tools in chat templates are rendered this way).
         assert_eq!(
             render("{{ data | tojson }}", context! { data }),
-            r#"{"alpha": [true, null, 2.5, "<a & 'b'>"], "empty": {}, "uni": "日本\n", "zeta": 1}"#
+            r#"{"zeta": 1, "alpha": [true, null, 2.5, "<a & 'b'>"], "uni": "日本\n", "empty": {}}"#
         );
     }
 

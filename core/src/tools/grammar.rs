@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 
 use super::{Tool, ToolChoice, ToolSyntax};
+use crate::constrain::compact_json_schema;
 
 /// Most calls one forced answer may hold when parallel calls are allowed.
 pub const MAX_PARALLEL_CALLS: usize = 8;
@@ -26,6 +27,8 @@ pub fn forcing_grammar(syntax: ToolSyntax, tools: &[Tool], choice: &ToolChoice, 
         1 => schemas.into_iter().next().expect("one"),
         _ => json!({ "anyOf": schemas }),
     };
+    // Compact, as for response_format: a weak model cannot wander into whitespace.
+    let call = compact_json_schema(call, false);
     Some(match syntax {
         ToolSyntax::Hermes => {
             let repeat =
@@ -40,11 +43,23 @@ pub fn forcing_grammar(syntax: ToolSyntax, tools: &[Tool], choice: &ToolChoice, 
 fn call_schema(tool: &Tool, arguments_key: &str) -> Value {
     let mut properties = serde_json::Map::new();
     properties.insert("name".into(), json!({ "const": tool.name }));
-    properties.insert(arguments_key.into(), tool.parameters.clone());
+    properties.insert(arguments_key.into(), closed_object(tool.parameters.clone()));
     json!({
         "type": "object",
         "properties": properties,
         "required": ["name", arguments_key],
         "additionalProperties": false,
     })
+}
+
+/// Arguments hold the declared properties only, unless the schema says otherwise (as
+/// OpenAI's strict function calling requires): JSON schema's default admits any other
+/// key, and a weak model forced through it invents keys until the budget runs out.
+fn closed_object(mut parameters: Value) -> Value {
+    if let Some(object) = parameters.as_object_mut() {
+        if object.contains_key("properties") && !object.contains_key("additionalProperties") {
+            object.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    }
+    parameters
 }
