@@ -1,4 +1,4 @@
-"""Structured outputs, logit_bias and refusals through the official `openai` client.
+"""Structured outputs, logit_bias, n choices and refusals through the official `openai` client.
 
     pip install openai jsonschema
     python3 examples/structured_outputs.py --base-url http://127.0.0.1:8000/v1
@@ -156,6 +156,21 @@ def check_logit_bias(client: OpenAI, model: str) -> int:
     return 0
 
 
+def check_choices(client: OpenAI, model: str) -> int:
+    args = dict(model=model, messages=[{"role": "user", "content": "Say something."}], max_tokens=6,
+                temperature=0.9, extra_body={"ignore_eos": True})
+    completion = client.chat.completions.create(n=3, seed=40, **args)
+    texts = [c.message.content for c in sorted(completion.choices, key=lambda c: c.index)]
+    if len(texts) != 3:
+        return fail(f"n=3 gave {len(texts)} choices")
+    for i, text in enumerate(texts):
+        alone = client.chat.completions.create(n=1, seed=40 + i, **args).choices[0].message.content
+        if alone != text:
+            return fail(f"choice {i} is not the n=1 output of seed {40 + i}: {text!r} vs {alone!r}")
+    print(f"n = 3: three choices, each the n = 1 output of seed 40 + i")
+    return 0
+
+
 def check_refusals(client: OpenAI, model: str) -> int:
     cases = [
         ("suffix", lambda: client.completions.create(model=model, prompt="a", suffix="b", max_tokens=2)),
@@ -186,7 +201,7 @@ def main() -> int:
     args = parser.parse_args()
     client = OpenAI(base_url=args.base_url, api_key=args.api_key)
     model = args.model or client.models.list().data[0].id
-    for check in (check_parse, check_logit_bias, check_refusals):
+    for check in (check_parse, check_logit_bias, check_choices, check_refusals):
         if check(client, model):
             return 1
     return check_schemas(client, model, args.rounds)

@@ -108,12 +108,13 @@ fn the_official_openai_client_streams_and_reads_usage() {
     assert!(stdout.contains("streamed") && stdout.contains("completion:"), "{stdout}");
 }
 
-/// Pydantic parsing, schemas validated by `jsonschema`, logit_bias and refusals by name,
+/// Pydantic parsing, schemas validated by `jsonschema`, logit_bias, `n = 3` choices each
+/// reproducible with its seed, and refusals by name,
 /// on random weights through the routed pair.
 #[test]
 fn the_official_openai_client_gets_structured_outputs_and_refusals() {
     let Some(stdout) = run_python_example("structured_outputs.py", "openai, jsonschema") else { return };
-    for line in ["parsed:", "validated 30 outputs", "logit_bias:", "refused by name:"] {
+    for line in ["parsed:", "validated 30 outputs", "logit_bias:", "n = 3: three choices", "refused by name:"] {
         assert!(stdout.contains(line), "{line}: {stdout}");
     }
 }
