@@ -231,7 +231,7 @@ impl CandleBackend {
         let config = folder_config(dir)?;
         let dtype = options.dtype.candle()?;
         let ckpt = Checkpoint::open(dir, dtype)?;
-        let model = Transformer::load(config, &ckpt, dtype)?;
+        let model = Transformer::load(config, &ckpt)?;
         Self::with_model(model, options)
     }
 

@@ -5,8 +5,8 @@ use candle_core::{DType, Device, Storage, Tensor};
 use super::error::Result;
 use super::matmul::matmul_xwt;
 
-/// Up to this many rows, f32 layers use our few-row kernel; beyond, candle's packed
-/// GEMM is faster (measured with `examples/matmul_bench.rs`).
+/// Up to this many rows, layers use our few-row kernel; beyond, candle's packed GEMM
+/// is faster (measured with `examples/matmul_bench.rs`).
 const FEW_ROWS: usize = 96;
 
 #[derive(Debug, Clone)]
@@ -39,11 +39,19 @@ impl Linear {
         self.weight.dims()[0]
     }
 
-    /// `x`: `(tokens, in_features)` → `(tokens, out_features)`.
+    /// `x`: `(tokens, in_features)` → `(tokens, out_features)`, in `x`'s dtype. Half-
+    /// precision weights under f32 activations are widened for candle's GEMM (many
+    /// rows: the product costs `rows` times the conversion).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = if self.takes_few_rows(x) { self.few_rows(x)? } else { x.matmul(&self.weight.t()?)? };
+        let y = if self.takes_few_rows(x) {
+            self.few_rows(x)?
+        } else if self.weight.dtype() != x.dtype() {
+            x.matmul(&self.weight.to_dtype(x.dtype())?.t()?)?
+        } else {
+            x.matmul(&self.weight.t()?)?
+        };
         Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
+            Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
             None => y,
         })
     }
@@ -59,7 +67,8 @@ impl Linear {
     }
 
     fn takes_few_rows(&self, x: &Tensor) -> bool {
-        x.dims()[0] <= FEW_ROWS && self.weight.dtype() == DType::F32 && x.dtype() == DType::F32
+        let weights = matches!(self.weight.dtype(), DType::F32 | DType::F16 | DType::BF16);
+        x.dims()[0] <= FEW_ROWS && weights && x.dtype() == DType::F32
     }
 
     fn few_rows(&self, x: &Tensor) -> Result<Tensor> {
@@ -72,15 +81,20 @@ impl Linear {
         let n = self.out_features();
         let x = x.contiguous()?;
         let mut y = vec![0f32; m * n];
-        with_f32_slice(&x, |xs| with_f32_slice(&self.weight, |ws| matmul_xwt(xs, ws, &mut y, m, k, n)))??;
+        let y_out = &mut y;
+        with_slice::<f32, _>(&x, |xs| match self.weight.dtype() {
+            DType::F16 => with_slice::<half::f16, _>(&self.weight, |ws| matmul_xwt(xs, ws, y_out, m, k, n)),
+            DType::BF16 => with_slice::<half::bf16, _>(&self.weight, |ws| matmul_xwt(xs, ws, y_out, m, k, n)),
+            _ => with_slice::<f32, _>(&self.weight, |ws| matmul_xwt(xs, ws, y_out, m, k, n)),
+        })??;
         Ok(y)
     }
 }
 
-/// Runs `f` on the f32 data of a contiguous CPU tensor, without copying it.
-fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+/// Runs `f` on the data of a contiguous CPU tensor of element type `T`, without copying it.
+fn with_slice<T: candle_core::WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> candle_core::Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("few-row matmul runs on CPU tensors only") };
     let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("tensor is not contiguous") };
-    Ok(f(&cpu.as_slice::<f32>()?[start..end]))
+    Ok(f(&cpu.as_slice::<T>()?[start..end]))
 }

@@ -1,4 +1,6 @@
-//! `y = x · Wᵀ` for few rows of `x` (decode and extend steps), f32.
+//! `y = x · Wᵀ` for few rows of `x` (decode and extend steps): `x` in f32, `W` in f32,
+//! f16 or bf16. Half-precision weights are widened to f32 in registers (F16C or
+//! AVX-512 conversions), so a half-size model streams half the bytes; sums stay f32.
 //!
 //! candle's GEMM packs both operands, which pays off for large `x` but leaves batch-1
 //! decode well under the memory-bandwidth limit and batch-8 decode at a fraction of
@@ -15,9 +17,52 @@ const NR: usize = 4;
 /// How far ahead (in floats) the single-row kernel prefetches each weight row.
 const PREFETCH_AHEAD: usize = 1024;
 
+/// A weight element the kernel widens to f32 as it loads.
+pub trait WeightElem: Copy + Send + Sync + 'static {
+    /// `LANES` consecutive weights at `p`, widened.
+    ///
+    /// # Safety
+    /// `p` must point at `LANES` readable elements.
+    unsafe fn load(p: *const Self) -> simd::V;
+    fn to_f32(self) -> f32;
+}
+
+impl WeightElem for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const Self) -> simd::V {
+        simd::load(p)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl WeightElem for half::f16 {
+    #[inline(always)]
+    unsafe fn load(p: *const Self) -> simd::V {
+        simd::load_f16(p as *const u16)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+impl WeightElem for half::bf16 {
+    #[inline(always)]
+    unsafe fn load(p: *const Self) -> simd::V {
+        simd::load_bf16(p as *const u16)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
 /// `y[m][n] = Σ_k x[m][k] · w[n][k]` with `x: (m, k)`, `w: (n, k)`, `y: (m, n)`, all
 /// row-major and contiguous.
-pub fn matmul_xwt(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) {
+pub fn matmul_xwt<W: WeightElem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     assert_eq!(y.len(), m * n);
@@ -39,7 +84,16 @@ struct SharedOut(*mut f32);
 unsafe impl Sync for SharedOut {}
 
 #[allow(clippy::too_many_arguments)]
-fn compute_columns(x: &[f32], w: &[f32], out: &SharedOut, m: usize, k: usize, n: usize, n0: usize, n1: usize) {
+fn compute_columns<W: WeightElem>(
+    x: &[f32],
+    w: &[W],
+    out: &SharedOut,
+    m: usize,
+    k: usize,
+    n: usize,
+    n0: usize,
+    n1: usize,
+) {
     let step = w_rows_per_tile(m);
     let mut j = n0;
     while j < n1 {
@@ -76,7 +130,16 @@ fn w_rows_per_tile(x_rows: usize) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn tile(x: &[f32], w: &[f32], k: usize, i: usize, j: usize, mr: usize, nr: usize, acc: &mut [[f32; NR]; MR]) {
+fn tile<W: WeightElem>(
+    x: &[f32],
+    w: &[W],
+    k: usize,
+    i: usize,
+    j: usize,
+    mr: usize,
+    nr: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
     macro_rules! dispatch {
         ($($a:literal $b:literal),*) => {
             match (mr, nr) {
@@ -91,16 +154,16 @@ fn tile(x: &[f32], w: &[f32], k: usize, i: usize, j: usize, mr: usize, nr: usize
 
 /// A `R × C` block of dot products, accumulated in `R · C` vector registers.
 #[inline(always)]
-fn micro<const R: usize, const C: usize>(
+fn micro<const R: usize, const C: usize, W: WeightElem>(
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     k: usize,
     i: usize,
     j: usize,
     out: &mut [[f32; NR]; MR],
 ) {
     let xs: [&[f32]; R] = std::array::from_fn(|a| &x[(i + a) * k..(i + a + 1) * k]);
-    let ws: [&[f32]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
+    let ws: [&[W]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
     let full = k / simd::LANES * simd::LANES;
     // Safety: every load reads LANES floats at p < full <= k from rows of length k.
     let acc = unsafe {
@@ -109,9 +172,9 @@ fn micro<const R: usize, const C: usize>(
         while p < full {
             // The weights stream from memory; ask for the next lines early.
             for b in 0..C {
-                simd::prefetch(ws[b].as_ptr().wrapping_add(p + PREFETCH_AHEAD));
+                simd::prefetch(ws[b].as_ptr().wrapping_add(p + PREFETCH_AHEAD) as *const u8);
             }
-            let wv: [simd::V; C] = std::array::from_fn(|b| simd::load(ws[b].as_ptr().add(p)));
+            let wv: [simd::V; C] = std::array::from_fn(|b| W::load(ws[b].as_ptr().add(p)));
             for a in 0..R {
                 let xv = simd::load(xs[a].as_ptr().add(p));
                 for b in 0..C {
@@ -126,7 +189,7 @@ fn micro<const R: usize, const C: usize>(
         for b in 0..C {
             let mut s = simd::sum(acc[a][b]);
             for q in full..k {
-                s += xs[a][q] * ws[b][q];
+                s += xs[a][q] * ws[b][q].to_f32();
             }
             out[a][b] = s;
         }
@@ -136,7 +199,7 @@ fn micro<const R: usize, const C: usize>(
 /// The few vector operations the micro-kernel needs, for the widest instruction set
 /// the build targets (`.cargo/config.toml` builds for the native CPU).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-mod simd {
+pub mod simd {
     use std::arch::x86_64::*;
     pub const LANES: usize = 16;
     pub type V = __m512;
@@ -149,11 +212,20 @@ mod simd {
         _mm512_loadu_ps(p)
     }
     #[inline(always)]
+    pub unsafe fn load_f16(p: *const u16) -> V {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    /// bf16 is the top half of an f32: widen and shift.
+    #[inline(always)]
+    pub unsafe fn load_bf16(p: *const u16) -> V {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
+    }
+    #[inline(always)]
     pub fn fma(a: V, b: V, c: V) -> V {
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
-    pub fn prefetch(p: *const f32) {
+    pub fn prefetch(p: *const u8) {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
     }
     #[inline(always)]
@@ -162,8 +234,14 @@ mod simd {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", not(target_feature = "avx512f")))]
-mod simd {
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c",
+    not(target_feature = "avx512f")
+))]
+pub mod simd {
     use std::arch::x86_64::*;
     pub const LANES: usize = 8;
     pub type V = __m256;
@@ -176,11 +254,20 @@ mod simd {
         _mm256_loadu_ps(p)
     }
     #[inline(always)]
+    pub unsafe fn load_f16(p: *const u16) -> V {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    /// bf16 is the top half of an f32: widen and shift.
+    #[inline(always)]
+    pub unsafe fn load_bf16(p: *const u16) -> V {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+    }
+    #[inline(always)]
     pub fn fma(a: V, b: V, c: V) -> V {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
-    pub fn prefetch(p: *const f32) {
+    pub fn prefetch(p: *const u8) {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
     }
     #[inline(always)]
@@ -191,8 +278,11 @@ mod simd {
     }
 }
 
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-mod simd {
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(target_feature = "avx512f", all(target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))
+)))]
+pub mod simd {
     pub const LANES: usize = 8;
     pub type V = [f32; LANES];
     #[inline(always)]
@@ -202,6 +292,14 @@ mod simd {
     #[inline(always)]
     pub unsafe fn load(p: *const f32) -> V {
         std::ptr::read_unaligned(p as *const V)
+    }
+    #[inline(always)]
+    pub unsafe fn load_f16(p: *const u16) -> V {
+        std::array::from_fn(|l| half::f16::from_bits(std::ptr::read_unaligned(p.add(l))).to_f32())
+    }
+    #[inline(always)]
+    pub unsafe fn load_bf16(p: *const u16) -> V {
+        std::array::from_fn(|l| half::bf16::from_bits(std::ptr::read_unaligned(p.add(l))).to_f32())
     }
     #[inline(always)]
     pub fn fma(a: V, b: V, mut c: V) -> V {
@@ -215,7 +313,7 @@ mod simd {
         v.iter().sum()
     }
     #[inline(always)]
-    pub fn prefetch(_: *const f32) {}
+    pub fn prefetch(_: *const u8) {}
 }
 
 #[cfg(test)]
@@ -230,6 +328,34 @@ mod tests {
             }
         }
         y
+    }
+
+    /// Every row count 1..=40 (every micro-kernel shape and the tails), and widths that
+    /// are not a multiple of the vector width, for each weight type against the f64
+    /// definition over the same (rounded) weights.
+    #[test]
+    fn half_precision_weights_match_the_definition_on_odd_shapes() {
+        for m in 1..=40 {
+            for &(k, n) in &[(19, 7), (33, 10), (70, 5)] {
+                let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
+                let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.1).collect();
+                let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let wb16: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                let check = |y: &[f32], rounded: Vec<f32>, what: &str| {
+                    let want = reference(&x, &rounded, m, k, n);
+                    for (a, b) in y.iter().zip(&want) {
+                        assert!((a - b).abs() < 1e-3, "{what} {m}x{k}x{n}: {a} vs {b}");
+                    }
+                };
+                let mut y = vec![f32::NAN; m * n];
+                matmul_xwt(&x, &w16, &mut y, m, k, n);
+                check(&y, w16.iter().map(|v| v.to_f32()).collect(), "f16");
+                matmul_xwt(&x, &wb16, &mut y, m, k, n);
+                check(&y, wb16.iter().map(|v| v.to_f32()).collect(), "bf16");
+                matmul_xwt(&x, &w, &mut y, m, k, n);
+                check(&y, w.clone(), "f32");
+            }
+        }
     }
 
     #[test]

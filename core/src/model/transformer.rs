@@ -42,12 +42,15 @@ pub struct StackOutput {
 }
 
 impl Transformer {
-    pub fn load(config: ModelConfig, ckpt: &Checkpoint, dtype: DType) -> Result<Self> {
+    /// Matrices (and the embedding table) stay in the checkpoint's load dtype; norms and
+    /// activations are f32, so half-precision weights halve the bytes each step streams
+    /// while every sum stays f32.
+    pub fn load(config: ModelConfig, ckpt: &Checkpoint) -> Result<Self> {
         let c = &config;
         let embed = ckpt.load("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         let layers =
             (0..c.num_layers).map(|i| load_layer(c, ckpt, &format!("model.layers.{i}"))).collect::<Result<Vec<_>>>()?;
-        let final_norm = ckpt.load("model.norm.weight", &[c.hidden_size])?;
+        let final_norm = ckpt.load_f32("model.norm.weight", &[c.hidden_size])?;
         // A tied checkpoint may still carry a copy of lm_head; the embedding is the truth.
         let lm_head = if c.tie_word_embeddings {
             Linear::new(embed.clone(), None)
@@ -56,7 +59,7 @@ impl Transformer {
         };
         Ok(Self::from_parts(
             config,
-            dtype,
+            DType::F32,
             TokenEmbedding::Dense(embed),
             layers,
             final_norm,
@@ -100,7 +103,7 @@ impl Transformer {
         want_hidden: bool,
     ) -> Result<StackOutput> {
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        let mut x = self.embed.lookup(&ids)?;
+        let mut x = self.embed.lookup(&ids)?.to_dtype(self.dtype)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = self.layer_forward(layer, i, store, layout, &x)?;
         }
@@ -154,7 +157,7 @@ fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLaye
     let kv_out = c.num_kv_heads * c.head_dim;
     let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
         let w = ckpt.load(&format!("{p}.{name}.weight"), &[out, inp])?;
-        let b = if bias { Some(ckpt.load(&format!("{p}.{name}.bias"), &[out])?) } else { None };
+        let b = if bias { Some(ckpt.load_f32(&format!("{p}.{name}.bias"), &[out])?) } else { None };
         Ok(Linear::new(w, b))
     };
     let q = linear("self_attn.q_proj", q_out, h, c.qkv_bias)?;
@@ -164,18 +167,18 @@ fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLaye
     let up = linear("mlp.up_proj", c.intermediate_size, h, false)?;
     let qk_norm = if c.arch.has_qk_norm() {
         let load = |n: &str| -> Result<Vec<f32>> {
-            Ok(ckpt.load(&format!("{p}.self_attn.{n}.weight"), &[c.head_dim])?.to_dtype(DType::F32)?.to_vec1()?)
+            Ok(ckpt.load_f32(&format!("{p}.self_attn.{n}.weight"), &[c.head_dim])?.to_vec1()?)
         };
         Some((load("q_norm")?, load("k_norm")?))
     } else {
         None
     };
     Ok(DecoderLayer {
-        attn_norm: ckpt.load(&format!("{p}.input_layernorm.weight"), &[h])?,
+        attn_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
         qkv: Projection::Dense(Linear::fuse(&[q, k, v])?),
         qk_norm,
         o_proj: Projection::Dense(linear("self_attn.o_proj", h, q_out, false)?),
-        mlp_norm: ckpt.load(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        mlp_norm: ckpt.load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
         gate_up: Projection::Dense(Linear::fuse(&[gate, up])?),
         down: Projection::Dense(linear("mlp.down_proj", h, c.intermediate_size, false)?),
     })

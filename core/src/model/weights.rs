@@ -40,6 +40,16 @@ impl Checkpoint {
 
     /// Loads `name`, checking that its shape is `shape`, converted to the runtime dtype.
     pub fn load(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.load_as(name, shape, self.dtype)
+    }
+
+    /// [`load`](Self::load) in f32 whatever the load dtype (straight from the file's
+    /// precision): norms, biases, and other vectors that meet activations directly.
+    pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.load_as(name, shape, DType::F32)
+    }
+
+    fn load_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let view = self.tensors.get(name).map_err(|_| ModelError::MissingTensor { name: name.to_string() })?;
         if view.shape() != shape {
             return Err(ModelError::ShapeMismatch {
@@ -53,7 +63,7 @@ impl Checkpoint {
             return Err(ModelError::UnsupportedDtype { name: name.to_string(), dtype: format!("{:?}", view.dtype()) });
         }
         let tensor = self.tensors.load(name, &Device::Cpu)?;
-        Ok(tensor.to_dtype(self.dtype)?)
+        Ok(tensor.to_dtype(dtype)?)
     }
 }
 
