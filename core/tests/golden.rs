@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use tokenrouter_core::model::{Backend, CandleBackend, LoadOptions, RowInput};
+use tokenrouter_core::model::{Backend, CandleBackend, LoadOptions, RowInput, WeightDtype};
 
 #[derive(Deserialize)]
 struct Golden {
@@ -115,5 +115,29 @@ fn prefills_in_one_varlen_batch_match_transformers() {
 fn kv_cache_steps_match_transformers_cache() {
     for name in ["qwen3", "llama", "qwen2"] {
         check_incremental(name);
+    }
+}
+
+/// f16 weights (activations and sums stay f32) against transformers' f32 logits, at the
+/// last position of every case: the rounding of the weights alone (docs/backends.md
+/// states the bound).
+const F16_TOLERANCE: f32 = 1e-2;
+
+#[test]
+fn f16_weights_stay_within_the_stated_tolerance_of_transformers() {
+    for name in ["qwen3", "llama", "qwen2"] {
+        let dir = fixture(name);
+        let golden: Golden = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+        let options = LoadOptions { block_size: 4, dtype: WeightDtype::F16, ..LoadOptions::default() };
+        let mut backend = CandleBackend::load(&dir, &options).unwrap();
+        let mut worst = 0f32;
+        for case in &golden.sequences {
+            let mut kv = backend.new_sequence();
+            let out =
+                backend.forward(&mut [RowInput { kv: &mut kv, tokens: &case.input_ids, start: 0 }], false).unwrap();
+            worst = worst.max(max_diff(out.row_logits(0), case.logits.last().unwrap()));
+        }
+        eprintln!("{name}: f16 weights, max |Δlogit| {worst} against transformers (f32)");
+        assert!(worst < F16_TOLERANCE, "{name}: {worst}");
     }
 }

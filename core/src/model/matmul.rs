@@ -143,7 +143,7 @@ fn tile<W: WeightElem>(
     macro_rules! dispatch {
         ($($a:literal $b:literal),*) => {
             match (mr, nr) {
-                $(($a, $b) => micro::<$a, $b>(x, w, k, i, j, acc),)*
+                $(($a, $b) => micro::<$a, $b, W>(x, w, k, i, j, acc),)*
                 _ => unreachable!("tile sizes are at most MR × NR"),
             }
         };
