@@ -194,39 +194,37 @@ fn f16_weights_track_f32() {
     assert_eq!(argmax(&a), argmax(&h));
 }
 
+/// The largest |Δlogit| between a 150-token prompt prefilled at once (candle's packed
+/// GEMM) and the same prompt in chunks of 40 (the few-row kernel).
+fn whole_against_chunks(b: &mut CandleBackend, seed: u32) -> f32 {
+    let prompt = tokens(seed, 150);
+    let mut whole = b.new_sequence();
+    let once = run(b, &mut whole, &prompt, 0);
+    let mut chunked = b.new_sequence();
+    let mut last = Vec::new();
+    for start in (0..prompt.len()).step_by(40) {
+        let end = (start + 40).min(prompt.len());
+        last = run(b, &mut chunked, &prompt[start..end], start);
+    }
+    max_diff(&once, &last)
+}
+
 #[test]
 fn f16_weights_give_the_same_logits_in_one_prefill_or_in_chunks() {
-    // 150 rows widen the weights for candle's GEMM; chunks of 40 take the few-row
-    // kernel, which widens them in registers: the same numbers, summed in other orders.
+    // The GEMM gets the weights widened; the kernel widens them in registers: the same
+    // numbers, summed in other orders.
     let dir = random_model(10);
     let opts =
         LoadOptions { dtype: WeightDtype::F16, kv_budget_bytes: 1 << 24, block_size: 4, ..LoadOptions::default() };
     let mut b = CandleBackend::load(dir.path(), &opts).unwrap();
-    let prompt = tokens(6, 150);
-    let mut whole = b.new_sequence();
-    let once = run(&mut b, &mut whole, &prompt, 0);
-    let mut chunked = b.new_sequence();
-    let mut last = Vec::new();
-    for start in (0..prompt.len()).step_by(40) {
-        let end = (start + 40).min(prompt.len());
-        last = run(&mut b, &mut chunked, &prompt[start..end], start);
-    }
-    assert!(max_diff(&once, &last) < 1e-4, "{}", max_diff(&once, &last));
+    let diff = whole_against_chunks(&mut b, 6);
+    assert!(diff < 1e-4, "{diff}");
 }
 
 #[test]
 fn long_prefill_equals_the_same_prompt_in_chunks() {
-    // 150 rows take candle's packed GEMM; chunks of 40 take the few-row kernel.
     let dir = random_model(9);
     let mut b = backend(&dir, 256);
-    let prompt = tokens(5, 150);
-    let mut whole = b.new_sequence();
-    let once = run(&mut b, &mut whole, &prompt, 0);
-    let mut chunked = b.new_sequence();
-    let mut last = Vec::new();
-    for start in (0..prompt.len()).step_by(40) {
-        let end = (start + 40).min(prompt.len());
-        last = run(&mut b, &mut chunked, &prompt[start..end], start);
-    }
-    assert!(max_diff(&once, &last) < 1e-4, "{}", max_diff(&once, &last));
+    let diff = whole_against_chunks(&mut b, 5);
+    assert!(diff < 1e-4, "{diff}");
 }
