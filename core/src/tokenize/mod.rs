@@ -27,7 +27,7 @@ pub use chat::{ChatMessage, ChatTemplate, ContentPart, MessageContent, RenderOpt
 pub use config::{SpecialTokens, TokenizerConfig};
 pub use detokenize::StreamDecoder;
 pub use error::TokenizeError;
-pub use stop::{StopMatch, StopMatcher, StopStep};
+pub use stop::{held_prefix_len, StopMatch, StopMatcher, StopStep};
 pub use tokenizer::{shared_vocab_check, TextTokenizer};
 
 #[cfg(test)]

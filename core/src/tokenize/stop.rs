@@ -79,17 +79,24 @@ impl StopMatcher {
 
     /// Length of the longest tail of the held text that is a proper prefix of some stop string.
     fn possible_stop_start_len(&self) -> usize {
-        let longest_stop = self.stops.iter().map(String::len).max().unwrap_or(0);
-        let max_tail = longest_stop.saturating_sub(1).min(self.held.len());
-        (1..=max_tail)
-            .rev()
-            .filter(|&tail| self.held.is_char_boundary(self.held.len() - tail))
-            .find(|&tail| {
-                let suffix = &self.held[self.held.len() - tail..];
-                self.stops.iter().any(|stop| stop.starts_with(suffix))
-            })
-            .unwrap_or(0)
+        held_prefix_len(&self.held, &self.stops)
     }
+}
+
+/// Length of the longest tail of `text` that is a proper prefix of one of `patterns`:
+/// the text to hold back, since the next piece may complete that pattern. Never splits
+/// a character.
+pub fn held_prefix_len<S: AsRef<str>>(text: &str, patterns: &[S]) -> usize {
+    let longest = patterns.iter().map(|p| p.as_ref().len()).max().unwrap_or(0);
+    let max_tail = longest.saturating_sub(1).min(text.len());
+    (1..=max_tail)
+        .rev()
+        .filter(|&tail| text.is_char_boundary(text.len() - tail))
+        .find(|&tail| {
+            let suffix = &text[text.len() - tail..];
+            patterns.iter().any(|p| p.as_ref().starts_with(suffix))
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

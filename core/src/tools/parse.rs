@@ -3,6 +3,7 @@
 //! that does not hold a readable call is passed on as content, never dropped.
 
 use super::{ToolCall, ToolSyntax};
+use crate::tokenize::held_prefix_len;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -112,7 +113,7 @@ impl ToolCallParser {
             self.mode = Mode::Inside;
             return true;
         }
-        let partial = partial_suffix(&self.held, OPEN);
+        let partial = held_prefix_len(&self.held, &[OPEN]);
         let head = &self.held[..self.held.len() - partial];
         let ready = head.trim_end().len();
         let text: String = self.held.drain(..ready).collect();
@@ -163,14 +164,6 @@ impl ToolCallParser {
         self.after_call = true;
         out.push(ParsedPiece::Call(call));
     }
-}
-
-/// The length of the longest end of `text` that is a proper start of `tag`.
-fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 fn read_call(body: &str) -> Option<ToolCall> {
