@@ -1,20 +1,23 @@
 //! Paged KV storage and the attention that reads it in place.
 //!
-//! Storage per layer is one flat buffer laid out `[block][kv_head][slot][head_dim]`,
-//! so one head's keys inside a block are contiguous. Attention walks each row's block
-//! table; nothing is gathered or copied per step.
+//! Each block holds, per (layer, K or V, KV head), one contiguous segment: values as
+//! `[slot][head_dim]`, keys transposed as `[head_dim][slot]` (so the kernel vectorizes
+//! across keys). Attention walks each row's block table; nothing is gathered or copied
+//! per step. The arithmetic is in [`attention_kernel`](super::attention_kernel).
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::attention_kernel::{attend_tile, KvBlock, QueryTile, SCORE_STRIDE};
 use super::config::ModelConfig;
 use super::kv::BlockPool;
 use super::kv_arena::{KvArena, KvGeometry};
 use super::rope::{rotate, Rope};
+use super::simd::{with_active_simd, Simd};
 
 /// Largest block size the attention kernel's per-block score buffer holds.
-pub const MAX_BLOCK_SIZE: usize = 128;
+pub const MAX_BLOCK_SIZE: usize = SCORE_STRIDE;
 
 /// One model's view of paged K/V storage: its blocks' pages in a [`KvArena`] (its own
 /// or shared with colocated models), and where each (layer, K or V, head) segment of a
@@ -22,7 +25,6 @@ pub const MAX_BLOCK_SIZE: usize = 128;
 pub struct PagedKvStore {
     block_size: usize,
     kv_heads: usize,
-    head_dim: usize,
     arena: Arc<KvArena>,
     pool: BlockPool,
     pages_per_block: usize,
@@ -44,7 +46,6 @@ impl PagedKvStore {
         PagedKvStore {
             block_size,
             kv_heads: config.num_kv_heads,
-            head_dim: config.head_dim,
             segments_per_page: arena.page_floats() / geometry.segment_floats(),
             segment_floats: geometry.segment_floats(),
             pages_per_block,
@@ -75,13 +76,12 @@ impl PagedKvStore {
         self.arena.commit_pages();
     }
 
-    /// Where `slot` of the (layer, K or V, head) segment of `block` starts in the arena.
-    fn offset(&self, block: u32, layer: usize, value: bool, kv_head: usize, slot: usize) -> usize {
+    /// Where the (layer, K or V, head) segment of `block` starts in the arena.
+    fn segment(&self, block: u32, layer: usize, value: bool, kv_head: usize) -> usize {
         let segment = (layer * 2 + usize::from(value)) * self.kv_heads + kv_head;
         let page = self.pages[block as usize * self.pages_per_block + segment / self.segments_per_page] as usize;
         page * self.arena.page_floats()
             + (segment % self.segments_per_page) * self.segment_floats
-            + slot * self.head_dim
     }
 }
 
@@ -178,6 +178,8 @@ fn prepare_token(spec: &AttentionSpec, layout: &TokenLayout, t: usize, token: &m
     }
 }
 
+/// Stores each token's k (transposed: one dimension of a block's keys is contiguous,
+/// see [`attention_kernel`](super::attention_kernel)) and v in its slot.
 fn write_kv(
     store: &mut PagedKvStore,
     layer: usize,
@@ -187,24 +189,75 @@ fn write_kv(
     width: usize,
 ) {
     let hd = spec.head_dim;
+    let bs = store.block_size;
     let k_start = spec.num_heads * hd;
     let v_start = k_start + spec.num_kv_heads * hd;
     for (t, token) in qkv.chunks_exact(width).enumerate() {
         let (block, slot) = layout.slot[t];
         for g in 0..spec.num_kv_heads {
-            let k_at = store.offset(block, layer, false, g, slot);
-            let v_at = store.offset(block, layer, true, g, slot);
+            let k_at = store.segment(block, layer, false, g);
+            let v_at = store.segment(block, layer, true, g) + slot * hd;
             // SAFETY: the slot's block is held by this step's row (`&mut store`: this
             // model's compute thread, nothing else reading this layer now).
             unsafe {
-                store.arena.slice_mut(k_at, hd).copy_from_slice(&token[k_start + g * hd..k_start + (g + 1) * hd]);
+                let keys_t = store.arena.slice_mut(k_at, hd * bs);
+                for (d, &k) in token[k_start + g * hd..k_start + (g + 1) * hd].iter().enumerate() {
+                    keys_t[d * bs + slot] = k;
+                }
                 store.arena.slice_mut(v_at, hd).copy_from_slice(&token[v_start + g * hd..v_start + (g + 1) * hd]);
             }
         }
     }
 }
 
+/// Query rows per attention task at most: a GQA group's heads for several consecutive
+/// tokens of one sequence, so each K/V block read serves them all.
+const TILE_ROWS: usize = 32;
+
+/// One attention task: tokens `tokens` (packed indices, one sequence) and the query
+/// heads of KV head `kv_head`.
+struct Task {
+    tokens: std::ops::Range<usize>,
+    kv_head: usize,
+}
+
+/// Splits the batch into tasks: each sequence's consecutive tokens in runs that fill
+/// about [`TILE_ROWS`] query rows, times its KV heads.
+fn plan_tasks(layout: &TokenLayout, spec: &AttentionSpec) -> Vec<Task> {
+    let group = spec.num_heads / spec.num_kv_heads;
+    let per_task = (TILE_ROWS / group).max(1);
+    let mut tasks = Vec::new();
+    let mut t = 0;
+    while t < layout.num_tokens() {
+        let row = layout.row[t];
+        let end = (t..layout.num_tokens()).find(|&u| layout.row[u] != row).unwrap_or(layout.num_tokens());
+        for t0 in (t..end).step_by(per_task) {
+            for kv_head in 0..spec.num_kv_heads {
+                tasks.push(Task { tokens: t0..(t0 + per_task).min(end), kv_head });
+            }
+        }
+        t = end;
+    }
+    tasks
+}
+
+/// The attention output, shared by tasks that write disjoint (token, head) ranges.
+struct SharedOut(*mut f32);
+unsafe impl Sync for SharedOut {}
+
 fn attend(
+    store: &PagedKvStore,
+    layer: usize,
+    spec: &AttentionSpec,
+    layout: &TokenLayout,
+    qkv: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
+    with_active_simd!(S => attend_on::<S>(store, layer, spec, layout, qkv, width, out))
+}
+
+fn attend_on<S: Simd>(
     store: &PagedKvStore,
     layer: usize,
     spec: &AttentionSpec,
@@ -216,93 +269,40 @@ fn attend(
     let hd = spec.head_dim;
     let group = spec.num_heads / spec.num_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let len = store.block_size * hd;
-    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-        let (t, h) = (i / spec.num_heads, i % spec.num_heads);
-        let q = &qkv[t * width + h * hd..t * width + (h + 1) * hd];
-        let blocks = &layout.row_blocks[layout.row[t]];
-        let keys = |b: u32| {
-            let (k_at, v_at) =
-                (store.offset(b, layer, false, h / group, 0), store.offset(b, layer, true, h / group, 0));
+    let bs = store.block_size;
+    assert_eq!(out.len(), layout.num_tokens() * spec.num_heads * hd);
+    let shared = SharedOut(out.as_mut_ptr());
+    plan_tasks(layout, spec).par_iter().for_each(|task| {
+        let shared = &shared;
+        let g = task.kv_head;
+        let heads = g * group..(g + 1) * group;
+        let mut q = Vec::with_capacity(task.tokens.len() * group * hd);
+        let mut context = Vec::with_capacity(task.tokens.len() * group);
+        for t in task.tokens.clone() {
+            q.extend_from_slice(&qkv[t * width + heads.start * hd..t * width + heads.end * hd]);
+            context.extend(std::iter::repeat_n(layout.position[t] + 1, group));
+        }
+        let mut tile_out = vec![0f32; q.len()];
+        let blocks = &layout.row_blocks[layout.row[task.tokens.start]];
+        let block = |b: u32| {
+            let (k_at, v_at) = (store.segment(b, layer, false, g), store.segment(b, layer, true, g));
             // SAFETY: the row holds block `b`; this layer's K/V were all written
             // before the attention started, and only reads run now.
-            unsafe { (store.arena.slice(k_at, len), store.arena.slice(v_at, len)) }
+            unsafe { KvBlock { keys_t: store.arena.slice(k_at, bs * hd), values: store.arena.slice(v_at, bs * hd) } }
         };
-        attend_one(q, layout.position[t] + 1, blocks, store.block_size, scale, keys, o);
+        let tile = QueryTile { q: &q, context: &context, head_dim: hd };
+        attend_tile::<S>(&tile, blocks, bs, scale, block, &mut tile_out);
+        let token_width = spec.num_heads * hd;
+        for (i, t) in task.tokens.clone().enumerate() {
+            let src = &tile_out[i * group * hd..(i + 1) * group * hd];
+            // SAFETY: token t's heads of group g are written by this task only, and lie
+            // inside `out` (asserted length).
+            unsafe {
+                let dst = shared.0.add(t * token_width + heads.start * hd);
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+            }
+        }
     });
-}
-
-/// Softmax attention of one query head over `context` positions spread over blocks,
-/// with an online softmax rescaled once per block.
-fn attend_one<'c>(
-    q: &[f32],
-    context: usize,
-    blocks: &[u32],
-    block_size: usize,
-    scale: f32,
-    keys: impl Fn(u32) -> (&'c [f32], &'c [f32]),
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let mut scores = [0f32; MAX_BLOCK_SIZE];
-    let mut running_max = f32::NEG_INFINITY;
-    let mut denom = 0f32;
-    out.fill(0.0);
-    for (bi, &block) in blocks.iter().enumerate() {
-        let start = bi * block_size;
-        if start >= context {
-            break;
-        }
-        let n = block_size.min(context - start);
-        let (k, v) = keys(block);
-        let mut block_max = f32::NEG_INFINITY;
-        for j in 0..n {
-            let s = dot(q, &k[j * hd..(j + 1) * hd]) * scale;
-            scores[j] = s;
-            block_max = block_max.max(s);
-        }
-        let new_max = running_max.max(block_max);
-        let correction = (running_max - new_max).exp();
-        denom *= correction;
-        for x in out.iter_mut() {
-            *x *= correction;
-        }
-        for j in 0..n {
-            let w = (scores[j] - new_max).exp();
-            denom += w;
-            axpy(out, w, &v[j * hd..(j + 1) * hd]);
-        }
-        running_max = new_max;
-    }
-    let inv = 1.0 / denom;
-    for x in out.iter_mut() {
-        *x *= inv;
-    }
-}
-
-/// Dot product with independent accumulators so the compiler can vectorize it.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut acc = [0f32; LANES];
-    let split = a.len() / LANES * LANES;
-    for (ca, cb) in a[..split].chunks_exact(LANES).zip(b[..split].chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] += ca[l] * cb[l];
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in split..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
-}
-
-#[inline]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
-    }
 }
 
 fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
@@ -310,56 +310,5 @@ fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     let inv = 1.0 / (mean_sq + eps).sqrt();
     for (v, w) in x.iter_mut().zip(weight) {
         *v = *v * inv * w;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Plain softmax attention over contiguous keys, the definition the kernel must meet.
-    fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
-        let s: Vec<f32> = k.iter().map(|kj| dot(q, kj) * scale).collect();
-        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let w: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f32 = w.iter().sum();
-        (0..q.len()).map(|d| w.iter().zip(v).map(|(wj, vj)| wj * vj[d]).sum::<f32>() / z).collect()
-    }
-
-    #[test]
-    fn blockwise_online_softmax_matches_plain_softmax() {
-        let hd = 8;
-        let bs = 4;
-        let context = 11;
-        let val = |i: usize, d: usize, salt: f32| ((i * 31 + d * 7) as f32 * 0.13 + salt).sin() * 3.0;
-        let k: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 0.5)).collect()).collect();
-        let v: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 1.5)).collect()).collect();
-        // Scatter positions over non-contiguous blocks 5, 2, 7.
-        let blocks = [5u32, 2, 7];
-        let mut kbuf = vec![0.0; 8 * bs * hd];
-        let mut vbuf = vec![0.0; 8 * bs * hd];
-        for i in 0..context {
-            let at = (blocks[i / bs] as usize * bs + i % bs) * hd;
-            kbuf[at..at + hd].copy_from_slice(&k[i]);
-            vbuf[at..at + hd].copy_from_slice(&v[i]);
-        }
-        let q: Vec<f32> = (0..hd).map(|d| val(99, d, 2.0)).collect();
-        let mut out = vec![0.0; hd];
-        let keys = |b: u32| {
-            let at = b as usize * bs * hd;
-            (&kbuf[at..at + bs * hd], &vbuf[at..at + bs * hd])
-        };
-        attend_one(&q, context, &blocks, bs, 0.35, keys, &mut out);
-        let want = reference(&q, &k, &v, 0.35);
-        for (a, b) in out.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-5, "{out:?} vs {want:?}");
-        }
-    }
-
-    #[test]
-    fn dot_handles_tails() {
-        let a: Vec<f32> = (0..37).map(|i| i as f32).collect();
-        let b = vec![2.0; 37];
-        assert_eq!(dot(&a, &b), 2.0 * (36.0 * 37.0 / 2.0));
     }
 }

@@ -10,6 +10,8 @@
 
 use rayon::prelude::*;
 
+use super::simd::{with_active_simd, Simd};
+
 /// Rows of `x` per micro-kernel.
 const MR: usize = 4;
 /// Rows of `W` per micro-kernel, at most.
@@ -23,14 +25,14 @@ pub trait WeightElem: Copy + Send + Sync + 'static {
     ///
     /// # Safety
     /// `p` must point at `LANES` readable elements.
-    unsafe fn load(p: *const Self) -> simd::V;
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
     fn to_f32(self) -> f32;
 }
 
 impl WeightElem for f32 {
     #[inline(always)]
-    unsafe fn load(p: *const Self) -> simd::V {
-        simd::load(p)
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load(p)
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -40,8 +42,8 @@ impl WeightElem for f32 {
 
 impl WeightElem for half::f16 {
     #[inline(always)]
-    unsafe fn load(p: *const Self) -> simd::V {
-        simd::load_f16(p as *const u16)
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load_f16(p as *const u16)
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -51,8 +53,8 @@ impl WeightElem for half::f16 {
 
 impl WeightElem for half::bf16 {
     #[inline(always)]
-    unsafe fn load(p: *const Self) -> simd::V {
-        simd::load_bf16(p as *const u16)
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load_bf16(p as *const u16)
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -61,8 +63,13 @@ impl WeightElem for half::bf16 {
 }
 
 /// `y[m][n] = Σ_k x[m][k] · w[n][k]` with `x: (m, k)`, `w: (n, k)`, `y: (m, n)`, all
-/// row-major and contiguous.
+/// row-major and contiguous. Runs on the active [`KernelPath`](super::simd::KernelPath).
 pub fn matmul_xwt<W: WeightElem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
+    with_active_simd!(S => matmul_xwt_on::<S, W>(x, w, y, m, k, n))
+}
+
+/// [`matmul_xwt`] on the instruction set `S`.
+pub fn matmul_xwt_on<S: Simd, W: WeightElem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     assert_eq!(y.len(), m * n);
@@ -75,7 +82,7 @@ pub fn matmul_xwt<W: WeightElem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k:
         let n0 = task * per_task;
         let n1 = (n0 + per_task).min(n);
         let out = &out;
-        compute_columns(x, w, out, m, k, n, n0, n1);
+        compute_columns::<S, W>(x, w, out, m, k, n, n0, n1);
     });
 }
 
@@ -84,7 +91,7 @@ struct SharedOut(*mut f32);
 unsafe impl Sync for SharedOut {}
 
 #[allow(clippy::too_many_arguments)]
-fn compute_columns<W: WeightElem>(
+fn compute_columns<S: Simd, W: WeightElem>(
     x: &[f32],
     w: &[W],
     out: &SharedOut,
@@ -102,7 +109,7 @@ fn compute_columns<W: WeightElem>(
         while i < m {
             let mr = MR.min(m - i);
             let mut acc = [[0f32; NR]; MR];
-            tile(x, w, k, i, j, mr, nr, &mut acc);
+            tile::<S, W>(x, w, k, i, j, mr, nr, &mut acc);
             for (a, row) in acc.iter().enumerate().take(mr) {
                 for (b, v) in row.iter().enumerate().take(nr) {
                     // Safety: (i + a, j + b) lies in this task's columns [n0, n1), which
@@ -130,7 +137,7 @@ fn w_rows_per_tile(x_rows: usize) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn tile<W: WeightElem>(
+fn tile<S: Simd, W: WeightElem>(
     x: &[f32],
     w: &[W],
     k: usize,
@@ -143,7 +150,7 @@ fn tile<W: WeightElem>(
     macro_rules! dispatch {
         ($($a:literal $b:literal),*) => {
             match (mr, nr) {
-                $(($a, $b) => micro::<$a, $b, W>(x, w, k, i, j, acc),)*
+                $(($a, $b) => micro::<$a, $b, S, W>(x, w, k, i, j, acc),)*
                 _ => unreachable!("tile sizes are at most MR × NR"),
             }
         };
@@ -154,7 +161,7 @@ fn tile<W: WeightElem>(
 
 /// A `R × C` block of dot products, accumulated in `R · C` vector registers.
 #[inline(always)]
-fn micro<const R: usize, const C: usize, W: WeightElem>(
+fn micro<const R: usize, const C: usize, S: Simd, W: WeightElem>(
     x: &[f32],
     w: &[W],
     k: usize,
@@ -164,30 +171,30 @@ fn micro<const R: usize, const C: usize, W: WeightElem>(
 ) {
     let xs: [&[f32]; R] = std::array::from_fn(|a| &x[(i + a) * k..(i + a + 1) * k]);
     let ws: [&[W]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
-    let full = k / simd::LANES * simd::LANES;
+    let full = k / S::LANES * S::LANES;
     // Safety: every load reads LANES floats at p < full <= k from rows of length k.
     let acc = unsafe {
-        let mut acc = [[simd::zero(); C]; R];
+        let mut acc = [[S::zero(); C]; R];
         let mut p = 0;
         while p < full {
             // The weights stream from memory; ask for the next lines early.
             for b in 0..C {
-                simd::prefetch(ws[b].as_ptr().wrapping_add(p + PREFETCH_AHEAD) as *const u8);
+                S::prefetch(ws[b].as_ptr().wrapping_add(p + PREFETCH_AHEAD) as *const u8);
             }
-            let wv: [simd::V; C] = std::array::from_fn(|b| W::load(ws[b].as_ptr().add(p)));
+            let wv: [S::V; C] = std::array::from_fn(|b| W::load::<S>(ws[b].as_ptr().add(p)));
             for a in 0..R {
-                let xv = simd::load(xs[a].as_ptr().add(p));
+                let xv = S::load(xs[a].as_ptr().add(p));
                 for b in 0..C {
-                    acc[a][b] = simd::fma(xv, wv[b], acc[a][b]);
+                    acc[a][b] = S::fma(xv, wv[b], acc[a][b]);
                 }
             }
-            p += simd::LANES;
+            p += S::LANES;
         }
         acc
     };
     for a in 0..R {
         for b in 0..C {
-            let mut s = simd::sum(acc[a][b]);
+            let mut s = S::sum(acc[a][b]);
             for q in full..k {
                 s += xs[a][q] * ws[b][q].to_f32();
             }
@@ -196,129 +203,10 @@ fn micro<const R: usize, const C: usize, W: WeightElem>(
     }
 }
 
-/// The few vector operations the micro-kernel needs, for the widest instruction set
-/// the build targets (`.cargo/config.toml` builds for the native CPU).
-#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-pub mod simd {
-    use std::arch::x86_64::*;
-    pub const LANES: usize = 16;
-    pub type V = __m512;
-    #[inline(always)]
-    pub fn zero() -> V {
-        unsafe { _mm512_setzero_ps() }
-    }
-    #[inline(always)]
-    pub unsafe fn load(p: *const f32) -> V {
-        _mm512_loadu_ps(p)
-    }
-    #[inline(always)]
-    pub unsafe fn load_f16(p: *const u16) -> V {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
-    /// bf16 is the top half of an f32: widen and shift.
-    #[inline(always)]
-    pub unsafe fn load_bf16(p: *const u16) -> V {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
-    }
-    #[inline(always)]
-    pub fn fma(a: V, b: V, c: V) -> V {
-        unsafe { _mm512_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    pub fn prefetch(p: *const u8) {
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-    }
-    #[inline(always)]
-    pub fn sum(v: V) -> f32 {
-        unsafe { _mm512_reduce_add_ps(v) }
-    }
-}
-
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c",
-    not(target_feature = "avx512f")
-))]
-pub mod simd {
-    use std::arch::x86_64::*;
-    pub const LANES: usize = 8;
-    pub type V = __m256;
-    #[inline(always)]
-    pub fn zero() -> V {
-        unsafe { _mm256_setzero_ps() }
-    }
-    #[inline(always)]
-    pub unsafe fn load(p: *const f32) -> V {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    pub unsafe fn load_f16(p: *const u16) -> V {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-    /// bf16 is the top half of an f32: widen and shift.
-    #[inline(always)]
-    pub unsafe fn load_bf16(p: *const u16) -> V {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
-    }
-    #[inline(always)]
-    pub fn fma(a: V, b: V, c: V) -> V {
-        unsafe { _mm256_fmadd_ps(a, b, c) }
-    }
-    #[inline(always)]
-    pub fn prefetch(p: *const u8) {
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
-    }
-    #[inline(always)]
-    pub fn sum(v: V) -> f32 {
-        let mut lanes = [0f32; LANES];
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
-        lanes.iter().sum()
-    }
-}
-
-#[cfg(not(all(
-    target_arch = "x86_64",
-    any(target_feature = "avx512f", all(target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))
-)))]
-pub mod simd {
-    pub const LANES: usize = 8;
-    pub type V = [f32; LANES];
-    #[inline(always)]
-    pub fn zero() -> V {
-        [0.0; LANES]
-    }
-    #[inline(always)]
-    pub unsafe fn load(p: *const f32) -> V {
-        std::ptr::read_unaligned(p as *const V)
-    }
-    #[inline(always)]
-    pub unsafe fn load_f16(p: *const u16) -> V {
-        std::array::from_fn(|l| half::f16::from_bits(std::ptr::read_unaligned(p.add(l))).to_f32())
-    }
-    #[inline(always)]
-    pub unsafe fn load_bf16(p: *const u16) -> V {
-        std::array::from_fn(|l| half::bf16::from_bits(std::ptr::read_unaligned(p.add(l))).to_f32())
-    }
-    #[inline(always)]
-    pub fn fma(a: V, b: V, mut c: V) -> V {
-        for l in 0..LANES {
-            c[l] += a[l] * b[l];
-        }
-        c
-    }
-    #[inline(always)]
-    pub fn sum(v: V) -> f32 {
-        v.iter().sum()
-    }
-    #[inline(always)]
-    pub fn prefetch(_: *const u8) {}
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::simd::for_each_simd;
 
     fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let mut y = vec![0.0; m * n];
@@ -334,7 +222,11 @@ mod tests {
     /// are not a multiple of the vector width, for each weight type against the f64
     /// definition over the same (rounded) weights.
     #[test]
-    fn half_precision_weights_match_the_definition_on_odd_shapes() {
+    fn half_precision_weights_match_the_definition_on_odd_shapes_on_every_path() {
+        for_each_simd!(S => { odd_shapes_match::<S>() });
+    }
+
+    fn odd_shapes_match<S: Simd>() {
         for m in 1..=40 {
             for &(k, n) in &[(19, 7), (33, 10), (70, 5)] {
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
@@ -348,11 +240,11 @@ mod tests {
                     }
                 };
                 let mut y = vec![f32::NAN; m * n];
-                matmul_xwt(&x, &w16, &mut y, m, k, n);
+                matmul_xwt_on::<S, _>(&x, &w16, &mut y, m, k, n);
                 check(&y, w16.iter().map(|v| v.to_f32()).collect(), "f16");
-                matmul_xwt(&x, &wb16, &mut y, m, k, n);
+                matmul_xwt_on::<S, _>(&x, &wb16, &mut y, m, k, n);
                 check(&y, wb16.iter().map(|v| v.to_f32()).collect(), "bf16");
-                matmul_xwt(&x, &w, &mut y, m, k, n);
+                matmul_xwt_on::<S, _>(&x, &w, &mut y, m, k, n);
                 check(&y, w.clone(), "f32");
             }
         }

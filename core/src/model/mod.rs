@@ -2,6 +2,7 @@
 //! KV, sampling, and random-weight models for tests and demos.
 
 pub mod attention;
+mod attention_kernel;
 pub mod backend;
 pub mod config;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod qmatmul;
 pub mod quantized;
 pub mod rope;
 pub mod sampler;
+pub mod simd;
 pub mod sequence_map;
 pub mod threads;
 pub mod transformer;

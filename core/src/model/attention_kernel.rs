@@ -1,0 +1,326 @@
+//! The arithmetic of paged attention for one tile: several query heads that read the
+//! same KV head of the same sequence (a GQA group, for one or more consecutive tokens),
+//! against that sequence's blocks, with an online softmax rescaled once per block.
+//!
+//! Keys are stored transposed inside a block (`[head_dim][slot]`), so one vector load
+//! holds one dimension of `LANES` keys and a register tile of queries × keys fills by
+//! broadcast-and-FMA, with no horizontal sum per (query, key). Values stay
+//! `[slot][head_dim]`: the weighted sum over keys is then broadcast-and-FMA too. Every
+//! tile row's arithmetic is the same whoever shares the tile, so a sequence's result does
+//! not depend on how the batch was packed.
+
+use super::simd::{exp_scalar, Simd};
+
+/// Floats per tile row in the score buffer: the largest block, a multiple of every
+/// vector width.
+pub const SCORE_STRIDE: usize = 128;
+/// Query rows per score micro-kernel call.
+const SCORE_ROWS: usize = 8;
+/// Query rows and value vectors per weighted-sum micro-kernel call.
+const VALUE_ROWS: usize = 4;
+const VALUE_VECTORS: usize = 4;
+
+/// One tile's queries: `context.len()` query vectors of `head_dim` floats, row-major in
+/// `q`, and how many positions (from 0) each may see.
+pub struct QueryTile<'a> {
+    pub q: &'a [f32],
+    pub context: &'a [usize],
+    pub head_dim: usize,
+}
+
+/// One block's transposed keys (`head_dim × block_size`) and values (`block_size × head_dim`).
+pub struct KvBlock<'c> {
+    pub keys_t: &'c [f32],
+    pub values: &'c [f32],
+}
+
+/// Softmax attention of every tile row over its visible positions, read block by block
+/// through `block` (block ids in sequence order). Writes `rows × head_dim` into `out`.
+pub fn attend_tile<'c, S: Simd>(
+    tile: &QueryTile,
+    blocks: &[u32],
+    block_size: usize,
+    scale: f32,
+    block: impl Fn(u32) -> KvBlock<'c>,
+    out: &mut [f32],
+) {
+    let rows = tile.context.len();
+    let hd = tile.head_dim;
+    assert!(block_size <= SCORE_STRIDE);
+    assert_eq!(tile.q.len(), rows * hd);
+    assert_eq!(out.len(), rows * hd);
+    let widest = tile.context.iter().copied().max().unwrap_or(0);
+    let mut scores = vec![0f32; rows * SCORE_STRIDE];
+    let mut running_max = vec![f32::NEG_INFINITY; rows];
+    let mut denom = vec![0f32; rows];
+    let mut correction = vec![0f32; rows];
+    out.fill(0.0);
+    for (bi, &id) in blocks.iter().enumerate() {
+        let start = bi * block_size;
+        if start >= widest {
+            break;
+        }
+        let n = block_size.min(widest - start);
+        let kv = block(id);
+        debug_assert!(kv.keys_t.len() >= hd * block_size && kv.values.len() >= block_size * hd);
+        block_scores::<S>(tile.q, rows, hd, kv.keys_t, block_size, n, &mut scores);
+        for r in 0..rows {
+            let visible = tile.context[r].saturating_sub(start).min(n);
+            let row = &mut scores[r * SCORE_STRIDE..(r + 1) * SCORE_STRIDE];
+            correction[r] = softmax_step::<S>(row, visible, n, scale, &mut running_max[r], &mut denom[r]);
+        }
+        weighted_values::<S>(&scores, rows, hd, kv.values, n, &correction, out);
+    }
+    for (o, d) in out.chunks_exact_mut(hd).zip(&denom) {
+        let inv = 1.0 / d;
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// `scores[r][j] = q[r] · key[j]` for keys `0..n` of one block (`keys_t` is
+/// `hd × block_size`). Whole vectors of keys may run past `n` inside the block; those
+/// scores are masked later.
+fn block_scores<S: Simd>(q: &[f32], rows: usize, hd: usize, keys_t: &[f32], bs: usize, n: usize, scores: &mut [f32]) {
+    let mut j = 0;
+    while j < n && j + S::LANES <= bs {
+        let pair = j + 2 * S::LANES <= bs && j + S::LANES < n;
+        let mut r = 0;
+        while r < rows {
+            let rr = SCORE_ROWS.min(rows - r);
+            macro_rules! dispatch {
+                ($($a:literal),*) => {
+                    match (rr, pair) {
+                        $(($a, true) => score_micro::<S, $a, 2>(q, r, hd, keys_t, bs, j, scores),
+                          ($a, false) => score_micro::<S, $a, 1>(q, r, hd, keys_t, bs, j, scores),)*
+                        _ => unreachable!("at most SCORE_ROWS rows"),
+                    }
+                };
+            }
+            dispatch!(1, 2, 3, 4, 5, 6, 7, 8);
+            r += rr;
+        }
+        j += if pair { 2 * S::LANES } else { S::LANES };
+    }
+    // Blocks narrower than a vector, or a ragged last vector: one key at a time.
+    for key in j..n {
+        for r in 0..rows {
+            let qr = &q[r * hd..(r + 1) * hd];
+            let s = qr.iter().enumerate().fold(0f32, |s, (d, &x)| x.mul_add(keys_t[d * bs + key], s));
+            scores[r * SCORE_STRIDE + key] = s;
+        }
+    }
+}
+
+/// Scores of query rows `r0..r0 + R` against keys `j..j + C·LANES`.
+#[inline(always)]
+fn score_micro<S: Simd, const R: usize, const C: usize>(
+    q: &[f32],
+    r0: usize,
+    hd: usize,
+    keys_t: &[f32],
+    bs: usize,
+    j: usize,
+    scores: &mut [f32],
+) {
+    assert!(q.len() >= (r0 + R) * hd && keys_t.len() >= hd * bs && j + C * S::LANES <= bs);
+    assert!(scores.len() >= (r0 + R - 1) * SCORE_STRIDE + j + C * S::LANES);
+    // SAFETY: the asserts bound every read (d < hd, key < j + C·LANES <= bs) and write.
+    unsafe {
+        let mut acc = [[S::zero(); C]; R];
+        for d in 0..hd {
+            let k: [S::V; C] = std::array::from_fn(|c| S::load(keys_t.as_ptr().add(d * bs + j + c * S::LANES)));
+            for a in 0..R {
+                let qv = S::splat(*q.get_unchecked((r0 + a) * hd + d));
+                for c in 0..C {
+                    acc[a][c] = S::fma(qv, k[c], acc[a][c]);
+                }
+            }
+        }
+        for a in 0..R {
+            for c in 0..C {
+                S::store(scores.as_mut_ptr().add((r0 + a) * SCORE_STRIDE + j + c * S::LANES), acc[a][c]);
+            }
+        }
+    }
+}
+
+/// Turns one row's raw scores for this block into softmax weights against the running
+/// maximum, updates the row's denominator, and returns the factor its output so far
+/// must be scaled by. Keys `visible..` are masked (weight exactly 0).
+fn softmax_step<S: Simd>(
+    row: &mut [f32],
+    visible: usize,
+    n: usize,
+    scale: f32,
+    running_max: &mut f32,
+    denom: &mut f32,
+) -> f32 {
+    let padded = n.div_ceil(S::LANES) * S::LANES;
+    row[visible..padded].fill(f32::NEG_INFINITY);
+    let scale_v = S::splat(scale);
+    let mut max_v = S::splat(f32::NEG_INFINITY);
+    for chunk in row[..padded].chunks_exact_mut(S::LANES) {
+        // SAFETY: a chunk holds LANES floats.
+        unsafe {
+            let s = S::mul(S::load(chunk.as_ptr()), scale_v);
+            S::store(chunk.as_mut_ptr(), s);
+            max_v = S::max(max_v, s);
+        }
+    }
+    let new_max = running_max.max(S::max_lane(max_v));
+    let correction = if *running_max == new_max { 1.0 } else { exp_scalar(*running_max - new_max) };
+    let new_max_v = S::splat(new_max);
+    let mut sum_v = S::zero();
+    for chunk in row[..padded].chunks_exact_mut(S::LANES) {
+        // SAFETY: a chunk holds LANES floats.
+        unsafe {
+            let w = S::exp(S::sub(S::load(chunk.as_ptr()), new_max_v));
+            S::store(chunk.as_mut_ptr(), w);
+            sum_v = S::add(sum_v, w);
+        }
+    }
+    *denom = *denom * correction + S::sum(sum_v);
+    *running_max = new_max;
+    correction
+}
+
+/// `out[r] = out[r] · correction[r] + Σ_j weight[r][j] · value[j]` over keys `0..n`.
+fn weighted_values<S: Simd>(
+    weights: &[f32],
+    rows: usize,
+    hd: usize,
+    values: &[f32],
+    n: usize,
+    correction: &[f32],
+    out: &mut [f32],
+) {
+    let vector_cols = hd / S::LANES * S::LANES;
+    let mut c0 = 0;
+    while c0 < vector_cols {
+        let cv = VALUE_VECTORS.min((vector_cols - c0) / S::LANES);
+        let mut r = 0;
+        while r < rows {
+            let rr = VALUE_ROWS.min(rows - r);
+            macro_rules! dispatch {
+                ($($a:literal $b:literal),*) => {
+                    match (rr, cv) {
+                        $(($a, $b) => value_micro::<S, $a, $b>(weights, r, hd, values, c0, n, correction, out),)*
+                        _ => unreachable!("at most VALUE_ROWS × VALUE_VECTORS"),
+                    }
+                };
+            }
+            dispatch!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
+            r += rr;
+        }
+        c0 += cv * S::LANES;
+    }
+    for d in vector_cols..hd {
+        for r in 0..rows {
+            let w = &weights[r * SCORE_STRIDE..r * SCORE_STRIDE + n];
+            let o = w.iter().enumerate().fold(out[r * hd + d] * correction[r], |o, (j, &wj)| wj.mul_add(values[j * hd + d], o));
+            out[r * hd + d] = o;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn value_micro<S: Simd, const R: usize, const C: usize>(
+    weights: &[f32],
+    r0: usize,
+    hd: usize,
+    values: &[f32],
+    c0: usize,
+    n: usize,
+    correction: &[f32],
+    out: &mut [f32],
+) {
+    assert!(c0 + C * S::LANES <= hd && values.len() >= n * hd && out.len() >= (r0 + R) * hd);
+    assert!(weights.len() >= (r0 + R - 1) * SCORE_STRIDE + n && correction.len() >= r0 + R);
+    // SAFETY: the asserts bound every read (j < n, columns < c0 + C·LANES <= hd) and write.
+    unsafe {
+        let mut acc: [[S::V; C]; R] = std::array::from_fn(|a| {
+            let scale = S::splat(correction[r0 + a]);
+            std::array::from_fn(|c| S::mul(S::load(out.as_ptr().add((r0 + a) * hd + c0 + c * S::LANES)), scale))
+        });
+        for j in 0..n {
+            let v: [S::V; C] = std::array::from_fn(|c| S::load(values.as_ptr().add(j * hd + c0 + c * S::LANES)));
+            for a in 0..R {
+                let w = S::splat(*weights.get_unchecked((r0 + a) * SCORE_STRIDE + j));
+                for c in 0..C {
+                    acc[a][c] = S::fma(w, v[c], acc[a][c]);
+                }
+            }
+        }
+        for a in 0..R {
+            for c in 0..C {
+                S::store(out.as_mut_ptr().add((r0 + a) * hd + c0 + c * S::LANES), acc[a][c]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::simd::for_each_simd;
+
+    /// Plain softmax attention over contiguous keys in f64, the definition to meet.
+    fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
+        let s: Vec<f64> =
+            k.iter().map(|kj| q.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64).collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        (0..q.len()).map(|d| (w.iter().zip(v).map(|(wj, vj)| wj * vj[d] as f64).sum::<f64>() / z) as f32).collect()
+    }
+
+    /// Several query rows with different causal contexts against keys scattered over
+    /// non-contiguous blocks, for block sizes and head sizes on and off the vector width.
+    fn tile_matches_plain_softmax<S: Simd>() {
+        let val = |i: usize, d: usize, salt: f32| ((i * 31 + d * 7) as f32 * 0.13 + salt).sin() * 3.0;
+        for &(hd, bs, rows) in &[(8usize, 4usize, 3usize), (16, 16, 9), (64, 16, 32), (24, 40, 5), (64, 128, 2), (70, 1, 4)] {
+            let context = 3 * bs + 2;
+            let blocks: Vec<u32> = (0..context.div_ceil(bs)).map(|b| (b as u32 * 5 + 3) % 11).collect();
+            let k: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 0.5)).collect()).collect();
+            let v: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 1.5)).collect()).collect();
+            // Unwritten slots hold NaN: the kernel must never let them reach a result.
+            let mut kbuf = vec![f32::NAN; 11 * bs * hd];
+            let mut vbuf = vec![f32::NAN; 11 * bs * hd];
+            for i in 0..context {
+                let base = blocks[i / bs] as usize * bs * hd;
+                for d in 0..hd {
+                    kbuf[base + d * bs + i % bs] = k[i][d];
+                }
+                vbuf[base + (i % bs) * hd..base + (i % bs + 1) * hd].copy_from_slice(&v[i]);
+            }
+            let q: Vec<f32> = (0..rows * hd).map(|i| val(99 + i / hd, i % hd, 2.0)).collect();
+            let ctx: Vec<usize> = (0..rows).map(|r| context - (r * 7) % context.min(19)).collect();
+            let mut out = vec![0.0; rows * hd];
+            let block = |b: u32| {
+                let at = b as usize * bs * hd;
+                KvBlock { keys_t: &kbuf[at..at + bs * hd], values: &vbuf[at..at + bs * hd] }
+            };
+            let tile = QueryTile { q: &q, context: &ctx, head_dim: hd };
+            attend_tile::<S>(&tile, &blocks, bs, 0.35, block, &mut out);
+            for r in 0..rows {
+                let want = reference(&q[r * hd..(r + 1) * hd], &k[..ctx[r]], &v[..ctx[r]], 0.35);
+                for (a, b) in out[r * hd..(r + 1) * hd].iter().zip(&want) {
+                    assert!((a - b).abs() < 2e-5, "hd {hd} bs {bs} row {r}: {a} vs {b}");
+                }
+            }
+            // A row's result does not depend on its tile-mates.
+            for r in [0, rows - 1] {
+                let mut alone = vec![0.0; hd];
+                let tile = QueryTile { q: &q[r * hd..(r + 1) * hd], context: &ctx[r..r + 1], head_dim: hd };
+                attend_tile::<S>(&tile, &blocks, bs, 0.35, block, &mut alone);
+                assert_eq!(alone, out[r * hd..(r + 1) * hd], "hd {hd} bs {bs} row {r} alone");
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_match_plain_softmax_on_every_path() {
+        for_each_simd!(S => { tile_matches_plain_softmax::<S>() });
+    }
+}
