@@ -1,6 +1,8 @@
 //! The runtime against Hugging Face transformers: logits of tiny random checkpoints
 //! (made by scripts/make_golden_fixtures.py, committed under tests/fixtures/golden).
 
+mod kernel_paths;
+
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -140,4 +142,17 @@ fn f16_weights_stay_within_the_stated_tolerance_of_transformers() {
         eprintln!("{name}: f16 weights, max |Δlogit| {worst} against transformers (f32)");
         assert!(worst < F16_TOLERANCE, "{name}: {worst}");
     }
+}
+
+/// The golden comparisons on the portable and every other compiled instruction set.
+#[test]
+fn golden_logits_hold_on_every_kernel_path() {
+    kernel_paths::rerun_on_other_kernel_paths(&[
+        "qwen3_matches_transformers_at_every_position",
+        "llama_bf16_with_llama3_rope_matches_transformers_at_every_position",
+        "qwen2_sharded_with_bias_matches_transformers_at_every_position",
+        "prefills_in_one_varlen_batch_match_transformers",
+        "kv_cache_steps_match_transformers_cache",
+        "f16_weights_stay_within_the_stated_tolerance_of_transformers",
+    ]);
 }

@@ -1,6 +1,8 @@
 //! Behaviour of the runtime on random models: varlen batches, pending requests that
 //! resume by extend, KV accounting, and refusals.
 
+mod kernel_paths;
+
 use tempfile::TempDir;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::qwen3_shaped;
@@ -227,4 +229,16 @@ fn long_prefill_equals_the_same_prompt_in_chunks() {
     let mut b = backend(&dir, 256);
     let diff = whole_against_chunks(&mut b, 5);
     assert!(diff < 1e-4, "{diff}");
+}
+
+/// Varlen rows equal rows alone (and chunked prefills equal whole ones) on every path.
+#[test]
+fn varlen_equivalence_holds_on_every_kernel_path() {
+    kernel_paths::rerun_on_other_kernel_paths(&[
+        "mixed_prefill_extend_decode_batch_equals_rows_alone",
+        "pending_request_resumes_by_extend_as_if_uninterrupted",
+        "f16_weights_track_f32",
+        "f16_weights_give_the_same_logits_in_one_prefill_or_in_chunks",
+        "long_prefill_equals_the_same_prompt_in_chunks",
+    ]);
 }

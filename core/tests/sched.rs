@@ -1,6 +1,8 @@
 //! Subservers driven by hand, without threads: batched, routed serving reproduces the
 //! sequential reference token for token, and every KV block comes back.
 
+mod kernel_paths;
+
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -320,4 +322,14 @@ fn shared_prefixes_hit_the_cache_and_still_match_the_uncached_reference() {
             assert!(evicted > 0, "the tight pool had to evict cached blocks");
         }
     }
+}
+
+/// The engine's reference property on every path.
+#[test]
+fn the_reference_property_holds_on_every_kernel_path() {
+    kernel_paths::rerun_on_other_kernel_paths(&[
+        "batched_routed_serving_equals_the_sequential_reference",
+        "panicking_steps_resume_their_requests_and_still_match",
+        "shared_prefixes_hit_the_cache_and_still_match_the_uncached_reference",
+    ]);
 }

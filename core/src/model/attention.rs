@@ -80,8 +80,7 @@ impl PagedKvStore {
     fn segment(&self, block: u32, layer: usize, value: bool, kv_head: usize) -> usize {
         let segment = (layer * 2 + usize::from(value)) * self.kv_heads + kv_head;
         let page = self.pages[block as usize * self.pages_per_block + segment / self.segments_per_page] as usize;
-        page * self.arena.page_floats()
-            + (segment % self.segments_per_page) * self.segment_floats
+        page * self.arena.page_floats() + (segment % self.segments_per_page) * self.segment_floats
     }
 }
 

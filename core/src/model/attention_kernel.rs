@@ -217,7 +217,10 @@ fn weighted_values<S: Simd>(
     for d in vector_cols..hd {
         for r in 0..rows {
             let w = &weights[r * SCORE_STRIDE..r * SCORE_STRIDE + n];
-            let o = w.iter().enumerate().fold(out[r * hd + d] * correction[r], |o, (j, &wj)| wj.mul_add(values[j * hd + d], o));
+            let o = w
+                .iter()
+                .enumerate()
+                .fold(out[r * hd + d] * correction[r], |o, (j, &wj)| wj.mul_add(values[j * hd + d], o));
             out[r * hd + d] = o;
         }
     }
@@ -267,8 +270,10 @@ mod tests {
 
     /// Plain softmax attention over contiguous keys in f64, the definition to meet.
     fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32) -> Vec<f32> {
-        let s: Vec<f64> =
-            k.iter().map(|kj| q.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64).collect();
+        let s: Vec<f64> = k
+            .iter()
+            .map(|kj| q.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64)
+            .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = w.iter().sum();
@@ -279,7 +284,9 @@ mod tests {
     /// non-contiguous blocks, for block sizes and head sizes on and off the vector width.
     fn tile_matches_plain_softmax<S: Simd>() {
         let val = |i: usize, d: usize, salt: f32| ((i * 31 + d * 7) as f32 * 0.13 + salt).sin() * 3.0;
-        for &(hd, bs, rows) in &[(8usize, 4usize, 3usize), (16, 16, 9), (64, 16, 32), (24, 40, 5), (64, 128, 2), (70, 1, 4)] {
+        for &(hd, bs, rows) in
+            &[(8usize, 4usize, 3usize), (16, 16, 9), (64, 16, 32), (24, 40, 5), (64, 128, 2), (70, 1, 4)]
+        {
             let context = 3 * bs + 2;
             let blocks: Vec<u32> = (0..context.div_ceil(bs)).map(|b| (b as u32 * 5 + 3) % 11).collect();
             let k: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 0.5)).collect()).collect();

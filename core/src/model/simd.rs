@@ -98,7 +98,12 @@ macro_rules! with_active_simd {
                 type $S = $crate::model::simd::Avx512;
                 $body
             }
-            #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                target_feature = "f16c"
+            ))]
             $crate::model::simd::KernelPath::Avx2 => {
                 type $S = $crate::model::simd::Avx2;
                 $body
