@@ -60,12 +60,16 @@ fn main() -> candle_core::Result<()> {
             println!("lm_head m=1 huge={huge}: {:.2} ms, {:.1} GB/s", t * 1e3, (n * k * 4) as f64 / t / 1e9);
         }
     }
+    // MATMUL_ROWS=1,8,128 times other row counts.
+    let rows: Vec<usize> = std::env::var("MATMUL_ROWS")
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|_| vec![1, 8, 32, 64]);
     let shapes = [(512, 3072), (1536, 512), (512, 151_936), (1024, 6144), (3072, 1024), (1024, 2048)];
     println!("{:>5} {:>6} {:>7} {:>11} {:>11} {:>8} {:>9}", "m", "k", "n", "candle ms", "ours ms", "GB/s", "GFLOP/s");
     for &(k, n) in &shapes {
         let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
         let wv: Vec<f32> = w.flatten_all()?.to_vec1()?;
-        for &m in &[1usize, 8, 32, 64] {
+        for &m in &rows {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
             let xv: Vec<f32> = x.flatten_all()?.to_vec1()?;
             let wt = w.t()?;

@@ -5,9 +5,13 @@ use candle_core::{DType, Device, Storage, Tensor};
 use super::error::Result;
 use super::matmul::matmul_xwt;
 
-/// Up to this many rows, layers use our few-row kernel; beyond, candle's packed GEMM
-/// is faster (measured with `examples/matmul_bench.rs`).
+/// Up to this many rows, layers always use our kernel.
 const FEW_ROWS: usize = 96;
+/// Beyond [`FEW_ROWS`], our kernel (x in L2-sized panels) still beats candle's packed
+/// GEMM while a weight row is this short; with longer rows (the down projection of
+/// `medium`, k = 3072) a 4 × 4 tile's rows spill out of L1 and candle's blocking over k
+/// wins by 5-30% (measured with `examples/matmul_bench.rs`, m = 64..2048).
+const OWN_KERNEL_MAX_K: usize = 2048;
 
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -39,12 +43,12 @@ impl Linear {
         self.weight.dims()[0]
     }
 
-    /// `x`: `(tokens, in_features)` → `(tokens, out_features)`, in `x`'s dtype. Half-
-    /// precision weights under f32 activations are widened for candle's GEMM (many
-    /// rows: the product costs `rows` times the conversion).
+    /// `x`: `(tokens, in_features)` → `(tokens, out_features)`, in `x`'s dtype. Where
+    /// candle's GEMM runs, half-precision weights under f32 activations are widened for
+    /// it (many rows: the product costs `rows` times the conversion).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = if self.takes_few_rows(x) {
-            self.few_rows(x)?
+        let y = if self.takes_own_kernel(x) {
+            self.own_kernel(x)?
         } else if self.weight.dtype() != x.dtype() {
             x.matmul(&self.weight.to_dtype(x.dtype())?.t()?)?
         } else {
@@ -56,27 +60,28 @@ impl Linear {
         })
     }
 
-    /// [`forward`](Self::forward) as a row-major f32 vector. The few-row kernel writes it
+    /// [`forward`](Self::forward) as a row-major f32 vector. Our kernel writes it
     /// directly: a step's logits (rows × vocabulary, 39 MB at 64 rows of Qwen3's) are
     /// then allocated once, not once for the tensor and again to copy them out.
     pub fn forward_to_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
-        if self.bias.is_none() && self.takes_few_rows(x) {
-            return self.few_rows_vec(x);
+        if self.bias.is_none() && self.takes_own_kernel(x) {
+            return self.own_kernel_vec(x);
         }
         Ok(self.forward(x)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
     }
 
-    fn takes_few_rows(&self, x: &Tensor) -> bool {
+    fn takes_own_kernel(&self, x: &Tensor) -> bool {
         let weights = matches!(self.weight.dtype(), DType::F32 | DType::F16 | DType::BF16);
-        x.dims()[0] <= FEW_ROWS && weights && x.dtype() == DType::F32
+        let (rows, k) = (x.dims()[0], self.weight.dims()[1]);
+        (rows <= FEW_ROWS || k <= OWN_KERNEL_MAX_K) && weights && x.dtype() == DType::F32
     }
 
-    fn few_rows(&self, x: &Tensor) -> Result<Tensor> {
+    fn own_kernel(&self, x: &Tensor) -> Result<Tensor> {
         let shape = (x.dims()[0], self.out_features());
-        Ok(Tensor::from_vec(self.few_rows_vec(x)?, shape, &Device::Cpu)?)
+        Ok(Tensor::from_vec(self.own_kernel_vec(x)?, shape, &Device::Cpu)?)
     }
 
-    fn few_rows_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
+    fn own_kernel_vec(&self, x: &Tensor) -> Result<Vec<f32>> {
         let (m, k) = x.dims2()?;
         let n = self.out_features();
         let x = x.contiguous()?;
@@ -94,7 +99,7 @@ impl Linear {
 /// Runs `f` on the data of a contiguous CPU tensor of element type `T`, without copying it.
 fn with_slice<T: candle_core::WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> candle_core::Result<R> {
     let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("few-row matmul runs on CPU tensors only") };
+    let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("our matmul runs on CPU tensors only") };
     let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("tensor is not contiguous") };
     Ok(f(&cpu.as_slice::<T>()?[start..end]))
 }
