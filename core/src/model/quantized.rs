@@ -55,7 +55,7 @@ pub fn load_gguf_transformer(path: &Path) -> Result<Transformer> {
     let c = &config;
     let (embed, tied_head) = file.embedding(c)?;
     let layers = (0..c.num_layers).map(|i| file.layer(c, i)).collect::<Result<Vec<_>>>()?;
-    let final_norm = file.vector("output_norm.weight", c.hidden_size)?;
+    let final_norm = file.vector("output_norm.weight", c.hidden_size)?.to_vec1()?;
     let lm_head = match c.tie_word_embeddings {
         true => tied_head,
         false => file.projection(&[("output.weight", c.vocab_size, RowOrder::AsStored)], c.hidden_size, None)?,
@@ -185,11 +185,11 @@ impl GgufTensors {
             None,
         )?;
         Ok(DecoderLayer {
-            attn_norm: self.vector(&name("attn_norm.weight"), h)?,
+            attn_norm: self.vector(&name("attn_norm.weight"), h)?.to_vec1()?,
             qkv,
             qk_norm: None,
             o_proj: self.projection(&[(&name("attn_output.weight"), h, RowOrder::AsStored)], q_out, None)?,
-            mlp_norm: self.vector(&name("ffn_norm.weight"), h)?,
+            mlp_norm: self.vector(&name("ffn_norm.weight"), h)?.to_vec1()?,
             gate_up,
             down: self.projection(&[(&name("ffn_down.weight"), h, RowOrder::AsStored)], c.intermediate_size, None)?,
         })

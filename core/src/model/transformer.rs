@@ -1,22 +1,23 @@
 //! The decoder stack shared by Llama, Qwen2 and Qwen3, run over a packed varlen batch.
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 
 use super::attention::{paged_attention, AttentionSpec, PagedKvStore, TokenLayout};
 use super::config::ModelConfig;
 use super::error::Result;
 use super::linear::Linear;
+use super::ops;
 use super::projection::{Projection, TokenEmbedding};
 use super::rope::Rope;
 use super::weights::Checkpoint;
 
 pub(crate) struct DecoderLayer {
-    pub(crate) attn_norm: Tensor,
+    pub(crate) attn_norm: Vec<f32>,
     /// q, k and v stacked, k/v rows in the order the rotary embedding expects (HF's).
     pub(crate) qkv: Projection,
     pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) o_proj: Projection,
-    pub(crate) mlp_norm: Tensor,
+    pub(crate) mlp_norm: Vec<f32>,
     /// gate and up stacked.
     pub(crate) gate_up: Projection,
     pub(crate) down: Projection,
@@ -27,7 +28,7 @@ pub struct Transformer {
     dtype: DType,
     embed: TokenEmbedding,
     layers: Vec<DecoderLayer>,
-    final_norm: Tensor,
+    final_norm: Vec<f32>,
     lm_head: Projection,
     rope: Rope,
 }
@@ -50,7 +51,7 @@ impl Transformer {
         let embed = ckpt.load("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         let layers =
             (0..c.num_layers).map(|i| load_layer(c, ckpt, &format!("model.layers.{i}"))).collect::<Result<Vec<_>>>()?;
-        let final_norm = ckpt.load_f32("model.norm.weight", &[c.hidden_size])?;
+        let final_norm = ckpt.load_f32("model.norm.weight", &[c.hidden_size])?.to_vec1()?;
         // A tied checkpoint may still carry a copy of lm_head; the embedding is the truth.
         let lm_head = if c.tie_word_embeddings {
             Linear::new(embed.clone(), None)
@@ -73,7 +74,7 @@ impl Transformer {
         dtype: DType,
         embed: TokenEmbedding,
         layers: Vec<DecoderLayer>,
-        final_norm: Tensor,
+        final_norm: Vec<f32>,
         lm_head: Projection,
     ) -> Self {
         let rope = Rope::new(&config);
@@ -103,34 +104,35 @@ impl Transformer {
         want_hidden: bool,
     ) -> Result<StackOutput> {
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        let mut x = self.embed.lookup(&ids)?.to_dtype(self.dtype)?;
+        let mut x: Vec<f32> = self.embed.lookup(&ids)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = self.layer_forward(layer, i, store, layout, &x)?;
+            self.layer_forward(layer, i, store, layout, &mut x)?;
         }
-        let last = Tensor::from_slice(last, last.len(), &Device::Cpu)?;
-        let x = x.index_select(&last, 0)?;
-        let h = candle_nn::ops::rms_norm(&x, &self.final_norm, self.eps())?;
-        let logits = self.lm_head.forward_to_vec(&h)?;
-        let hidden = if want_hidden { Some(h.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?) } else { None };
-        Ok(StackOutput { logits, hidden })
+        let hidden = self.config.hidden_size;
+        let last_rows: Vec<f32> =
+            last.iter().flat_map(|&t| x[t as usize * hidden..(t as usize + 1) * hidden].iter().copied()).collect();
+        let h = ops::rms_norm(&last_rows, &self.final_norm, self.eps());
+        let logits = self.lm_head.forward_to_vec(&rows_tensor(h.clone(), hidden)?)?;
+        Ok(StackOutput { logits, hidden: want_hidden.then_some(h) })
     }
 
     fn eps(&self) -> f32 {
         self.config.rms_norm_eps as f32
     }
 
+    /// One decoder layer over the packed rows `x` (tokens × hidden), in place.
     fn layer_forward(
         &self,
         layer: &DecoderLayer,
         index: usize,
         store: &mut PagedKvStore,
         layout: &TokenLayout,
-        x: &Tensor,
-    ) -> Result<Tensor> {
+        x: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
         let tokens = layout.num_tokens();
-        let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, self.eps())?;
-        let mut qkv = layer.qkv.forward_to_vec(&h)?;
+        let h = ops::rms_norm(x, &layer.attn_norm, self.eps());
+        let mut qkv = layer.qkv.forward_to_vec(&rows_tensor(h, c.hidden_size)?)?;
         let mut attn = vec![0f32; tokens * c.num_heads * c.head_dim];
         let spec = AttentionSpec {
             num_heads: c.num_heads,
@@ -139,16 +141,21 @@ impl Transformer {
             qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q.as_slice(), k.as_slice(), self.eps())),
         };
         paged_attention(store, index, &spec, layout, &mut qkv, &mut attn);
-        let attn = Tensor::from_vec(attn, (tokens, c.num_heads * c.head_dim), &Device::Cpu)?.to_dtype(self.dtype)?;
-        let x = (x + layer.o_proj.forward(&attn)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, self.eps())?;
-        let gate_up = layer.gate_up.forward(&h)?;
-        let inter = c.intermediate_size;
-        let gate = gate_up.narrow(D::Minus1, 0, inter)?;
-        let up = gate_up.narrow(D::Minus1, inter, inter)?;
-        let act = (gate.silu()? * up)?.contiguous()?;
-        Ok((x + layer.down.forward(&act)?)?)
+        let attn_out = layer.o_proj.forward_to_vec(&rows_tensor(attn, c.num_heads * c.head_dim)?)?;
+        ops::add_in_place(x, &attn_out);
+        let h = ops::rms_norm(x, &layer.mlp_norm, self.eps());
+        let gate_up = layer.gate_up.forward_to_vec(&rows_tensor(h, c.hidden_size)?)?;
+        let act = ops::silu_mul(&gate_up, c.intermediate_size);
+        let mlp_out = layer.down.forward_to_vec(&rows_tensor(act, c.intermediate_size)?)?;
+        ops::add_in_place(x, &mlp_out);
+        Ok(())
     }
+}
+
+/// Row-major `rows × width` floats as a tensor, without copying them.
+fn rows_tensor(data: Vec<f32>, width: usize) -> Result<Tensor> {
+    let rows = data.len() / width;
+    Ok(Tensor::from_vec(data, (rows, width), &Device::Cpu)?)
 }
 
 fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLayer> {
@@ -174,11 +181,11 @@ fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLaye
         None
     };
     Ok(DecoderLayer {
-        attn_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        attn_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?.to_vec1()?,
         qkv: Projection::Dense(Linear::fuse(&[q, k, v])?),
         qk_norm,
         o_proj: Projection::Dense(linear("self_attn.o_proj", h, q_out, false)?),
-        mlp_norm: ckpt.load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        mlp_norm: ckpt.load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?.to_vec1()?,
         gate_up: Projection::Dense(Linear::fuse(&[gate, up])?),
         down: Projection::Dense(linear("mlp.down_proj", h, c.intermediate_size, false)?),
     })
