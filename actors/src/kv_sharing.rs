@@ -30,7 +30,7 @@ pub(crate) fn share_colocated_kv(
         let m = &models[i];
         // A folder that cannot be read fails to load later, with the loader's message.
         let Ok(config) = read_model_config(&m.path) else { return Ok(None) };
-        shapes.push((KvGeometry::new(&config, m.load.block_size), m.load.prefix_cache));
+        shapes.push((KvGeometry::new(&config, m.load.block_size, m.load.kv_dtype), m.load.prefix_cache));
     }
     let budget: usize = members.iter().map(|&i| models[i].load.kv_budget_bytes).sum();
     let shared = share_kv(&shapes, budget);

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use tokenrouter_core::model::attention::{paged_attention, AttentionSpec, PagedKvStore, TokenLayout};
 use tokenrouter_core::model::presets::preset;
 use tokenrouter_core::model::rope::Rope;
+use tokenrouter_core::model::{KvDtype, KvGeometry};
 
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -23,12 +24,13 @@ fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// `rows` sequences at `context` positions each feed `new` tokens.
-fn case(rows: usize, context: usize, new: usize) {
+fn case(rows: usize, context: usize, new: usize, kv_dtype: KvDtype) {
     let c = preset("small").unwrap();
     let (h, kvh, d) = (c.num_heads, c.num_kv_heads, c.head_dim);
     let bs = 16;
     let blocks_per_row = (context + new).div_ceil(bs);
-    let mut store = PagedKvStore::alone(&c, rows * blocks_per_row + 1, bs, false);
+    let geometry = KvGeometry::new(&c, bs, kv_dtype);
+    let mut store = PagedKvStore::alone(geometry, rows * blocks_per_row + 1, false);
     let rope = Rope::new(&c);
     let sequences: Vec<_> = (0..rows)
         .map(|_| {
@@ -93,14 +95,16 @@ fn case(rows: usize, context: usize, new: usize) {
         }
         std::hint::black_box(Tensor::from_vec(kk, (total_k, kvh, d), &Device::Cpu).unwrap());
     }) * 2.0;
-    println!("{rows:>4} rows × {new:>4} new at context {context:>5}: ours {ours:>8.2} ms   candle varlen {candle:>8.2} ms + gather {gather:>6.2} ms");
+    println!("{rows:>4} rows × {new:>4} new at context {context:>5}, KV {kv_dtype:?}: ours {ours:>8.2} ms   candle varlen {candle:>8.2} ms + gather {gather:>6.2} ms");
 }
 
 fn main() {
     tokenrouter_core::model::threads::configure(None);
-    case(1, 0, 512);
-    case(1, 0, 2048);
-    case(8, 512, 4);
-    case(32, 1024, 1);
-    case(32, 4096, 1);
+    for kv_dtype in [KvDtype::F32, KvDtype::F16] {
+        case(1, 0, 512, kv_dtype);
+        case(1, 0, 2048, kv_dtype);
+        case(8, 512, 4, kv_dtype);
+        case(32, 1024, 1, kv_dtype);
+        case(32, 4096, 1, kv_dtype);
+    }
 }

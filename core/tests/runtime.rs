@@ -6,7 +6,7 @@ mod kernel_paths;
 use tempfile::TempDir;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::presets::qwen3_shaped;
-use tokenrouter_core::model::{Backend, CandleBackend, KvSeq, LoadOptions, ModelError, RowInput, WeightDtype};
+use tokenrouter_core::model::{Backend, CandleBackend, KvDtype, KvSeq, LoadOptions, ModelError, RowInput, WeightDtype};
 
 fn random_model(seed: u64) -> TempDir {
     let dir = TempDir::new().unwrap();
@@ -16,12 +16,17 @@ fn random_model(seed: u64) -> TempDir {
 }
 
 fn backend(dir: &TempDir, blocks: usize) -> CandleBackend {
+    backend_with_kv(dir, blocks, KvDtype::F32)
+}
+
+fn backend_with_kv(dir: &TempDir, blocks: usize, kv_dtype: KvDtype) -> CandleBackend {
     let config = qwen3_shaped(64, 2, 4, 2, 128, 300);
     let block_size = 4;
     let options = LoadOptions {
         dtype: WeightDtype::F32,
-        kv_budget_bytes: blocks * block_size * config.kv_bytes_per_token(4),
+        kv_budget_bytes: blocks * block_size * config.kv_bytes_per_token(kv_dtype.bytes()),
         block_size,
+        kv_dtype,
         ..LoadOptions::default()
     };
     CandleBackend::load(dir.path(), &options).unwrap()
@@ -45,8 +50,15 @@ fn argmax(v: &[f32]) -> u32 {
 
 #[test]
 fn mixed_prefill_extend_decode_batch_equals_rows_alone() {
+    for kv_dtype in [KvDtype::F32, KvDtype::F16] {
+        mixed_batch_equals_rows_alone(kv_dtype);
+    }
+}
+
+fn mixed_batch_equals_rows_alone(kv_dtype: KvDtype) {
     let dir = random_model(1);
-    let mut b = backend(&dir, 256);
+    let mut b = backend_with_kv(&dir, 256, kv_dtype);
+    assert_eq!(b.kv_capacity().total_blocks, 256, "the budget counts {kv_dtype:?} values");
     let (a_toks, b_toks, c_toks) = (tokens(1, 13), tokens(2, 15), tokens(3, 21));
     // Alone: B has 10 computed and extends by 5; C has 20 and decodes 1.
     let mut alone = |toks: &[u32], computed: usize| {
@@ -68,7 +80,7 @@ fn mixed_prefill_extend_decode_batch_equals_rows_alone() {
     let out = b.forward(&mut rows, false).unwrap();
     let got = [out.row_logits(1), out.row_logits(0), out.row_logits(2)];
     for (row, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(max_diff(g, w) < 1e-5, "row {row}: {}", max_diff(g, w));
+        assert!(max_diff(g, w) < 1e-5, "{kv_dtype:?} row {row}: {}", max_diff(g, w));
     }
     assert_eq!((ka.len(), kb.len(), kc.len()), (13, 15, 21));
 }
@@ -196,8 +208,8 @@ fn f16_weights_track_f32() {
     assert_eq!(argmax(&a), argmax(&h));
 }
 
-/// The largest |Δlogit| between a 150-token prompt prefilled at once (candle's packed
-/// GEMM) and the same prompt in chunks of 40 (the few-row kernel).
+/// The largest |Δlogit| between a 150-token prompt prefilled at once and the same
+/// prompt in chunks of 40 (other matmul tiles, attention over cached blocks).
 fn whole_against_chunks(b: &mut CandleBackend, seed: u32) -> f32 {
     let prompt = tokens(seed, 150);
     let mut whole = b.new_sequence();
@@ -226,9 +238,11 @@ fn f16_weights_give_the_same_logits_in_one_prefill_or_in_chunks() {
 #[test]
 fn long_prefill_equals_the_same_prompt_in_chunks() {
     let dir = random_model(9);
-    let mut b = backend(&dir, 256);
-    let diff = whole_against_chunks(&mut b, 5);
-    assert!(diff < 1e-4, "{diff}");
+    for kv_dtype in [KvDtype::F32, KvDtype::F16] {
+        let mut b = backend_with_kv(&dir, 256, kv_dtype);
+        let diff = whole_against_chunks(&mut b, 5);
+        assert!(diff < 1e-4, "{kv_dtype:?}: {diff}");
+    }
 }
 
 /// Varlen rows equal rows alone (and chunked prefills equal whole ones) on every path.

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use tokenrouter_core::model::profile::{self, Profile, ProfileSpec};
-use tokenrouter_core::model::{load_backend, machine, BackendKind, LoadOptions, WeightDtype};
+use tokenrouter_core::model::{load_backend, machine, BackendKind, KvDtype, LoadOptions, WeightDtype};
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
@@ -31,6 +31,9 @@ pub struct ProfileArgs {
     /// Timed steps per point.
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// How the candle backend stores K/V: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    kv_dtype: KvDtype,
     /// KV budget for the profile, MiB.
     #[arg(long, default_value_t = 4096)]
     kv_mib: usize,
@@ -43,6 +46,7 @@ pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
     let options = LoadOptions {
         dtype: args.dtype,
         kv_budget_bytes: args.kv_mib << 20,
+        kv_dtype: args.kv_dtype,
         backend: args.backend,
         ..LoadOptions::default()
     };

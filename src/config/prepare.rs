@@ -91,6 +91,7 @@ impl ServerConfig {
                     dtype: m.dtype,
                     kv_budget_bytes: (m.kv_budget_mib << 20) as usize,
                     block_size: m.block_size,
+                    kv_dtype: m.kv_dtype,
                     backend: m.backend,
                     threads: m.threads,
                     prefix_cache: m.prefix_cache,

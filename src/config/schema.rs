@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use tokenrouter_actors::StepLimits;
-use tokenrouter_core::model::{BackendKind, WeightDtype};
+use tokenrouter_core::model::{BackendKind, KvDtype, WeightDtype};
 
 use crate::http::RequestLimits;
 
@@ -52,6 +52,10 @@ pub struct ModelEntry {
     /// Token slots per KV block (1..=128).
     #[serde(default = "default_block_size")]
     pub block_size: usize,
+    /// How K/V are stored on the candle backend: f32, or f16 (half the memory per token;
+    /// llama.cpp always keeps f16).
+    #[serde(default)]
+    pub kv_dtype: KvDtype,
     /// Compute threads of a pool of this model's own; absent: the process pool.
     #[serde(default)]
     pub threads: Option<usize>,
@@ -75,6 +79,7 @@ impl ModelEntry {
             max_context: None,
             kv_budget_mib: default_kv_budget_mib(),
             block_size: default_block_size(),
+            kv_dtype: KvDtype::default(),
             threads: None,
             prefix_cache: true,
         }

@@ -120,6 +120,8 @@ server: {port: 0, max_body_bytes: 0, max_queued_requests: 0, max_tokens_limit: 0
     }
     assert_eq!(e.problems.len(), 12, "{e}");
     assert!(refused("models: [{name: m, preset: tiny, block_size: 129}]").mentions("models[0].block_size"));
+    let e = refused("models: [{name: m, preset: tiny, kv_dtype: bf16}]");
+    assert!(e.to_string().contains("kv_dtype") && e.to_string().contains("f16"), "{e}");
 }
 
 #[test]

@@ -128,7 +128,7 @@ fn folder_models_resolve_against_the_config_file_and_feed_folder_reading_policie
     }
     let yaml = "
 models:
-  - {name: small, path: m/small, dtype: f16, kv_budget_mib: 8, block_size: 32, threads: 1, max_context: 512}
+  - {name: small, path: m/small, dtype: f16, kv_budget_mib: 8, block_size: 32, threads: 1, max_context: 512, kv_dtype: f16}
   - {name: large, path: m/large}
 policy: {name: r2r, params: {threshold: 0.4}, seed: 5, allowed: [{name: glimprouter, params: {boundary_tokens: [10]}}]}
 scheduler: {thresholds: {large: 2}, max_wait_ms: 5, max_batch_rows: 8, prefill_chunk: 64, step_token_budget: 128, exclusive_compute: true}
@@ -146,6 +146,10 @@ scheduler: {thresholds: {large: 2}, max_wait_ms: 5, max_batch_rows: 8, prefill_c
         (tokenrouter_core::model::WeightDtype::F16, 8 << 20, 32)
     );
     assert_eq!(engine.models[0].load.threads, Some(1));
+    assert_eq!(
+        (engine.models[0].load.kv_dtype, engine.models[1].load.kv_dtype),
+        (tokenrouter_core::model::KvDtype::F16, tokenrouter_core::model::KvDtype::F32)
+    );
     assert_eq!(engine.default_policy.name(), "r2r");
     assert!(engine.exclusive_compute);
     assert_eq!(

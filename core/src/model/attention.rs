@@ -10,11 +10,10 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::attention_kernel::{attend_tile, KvBlock, QueryTile, SCORE_STRIDE};
-use super::config::ModelConfig;
 use super::kv::BlockPool;
-use super::kv_arena::{KvArena, KvGeometry};
+use super::kv_arena::{KvArena, KvDtype, KvGeometry};
 use super::rope::{rotate, Rope};
-use super::simd::{with_active_simd, Simd};
+use super::simd::{with_active_simd, Elem, Simd};
 
 /// Largest block size the attention kernel's per-block score buffer holds.
 pub const MAX_BLOCK_SIZE: usize = SCORE_STRIDE;
@@ -25,6 +24,7 @@ pub const MAX_BLOCK_SIZE: usize = SCORE_STRIDE;
 pub struct PagedKvStore {
     block_size: usize,
     kv_heads: usize,
+    dtype: KvDtype,
     arena: Arc<KvArena>,
     pool: BlockPool,
     pages_per_block: usize,
@@ -37,15 +37,16 @@ pub struct PagedKvStore {
 impl PagedKvStore {
     /// A store on `pool`'s pages of `arena`: the pool decides which blocks hold which
     /// pages, and the store follows (see [`sync`](Self::sync)).
-    pub fn new(config: &ModelConfig, block_size: usize, arena: Arc<KvArena>, pool: BlockPool) -> Self {
+    pub fn new(geometry: KvGeometry, arena: Arc<KvArena>, pool: BlockPool) -> Self {
+        let block_size = geometry.block_size;
         assert!(block_size > 0 && block_size <= MAX_BLOCK_SIZE);
-        let geometry = KvGeometry::new(config, block_size);
         let pages_per_block = geometry.pages_per_block(arena.page_floats());
         assert_eq!(pages_per_block, pool.pages_per_block(), "the pool was planned for another page size");
         let blocks = pool.capacity().total_blocks;
         PagedKvStore {
             block_size,
-            kv_heads: config.num_kv_heads,
+            kv_heads: geometry.kv_heads,
+            dtype: geometry.dtype,
             segments_per_page: arena.page_floats() / geometry.segment_floats(),
             segment_floats: geometry.segment_floats(),
             pages_per_block,
@@ -56,10 +57,9 @@ impl PagedKvStore {
     }
 
     /// A store with an arena of its own: `num_blocks` blocks of one page each.
-    pub fn alone(config: &ModelConfig, num_blocks: usize, block_size: usize, prefix_cache: bool) -> Self {
-        let geometry = KvGeometry::new(config, block_size);
+    pub fn alone(geometry: KvGeometry, num_blocks: usize, prefix_cache: bool) -> Self {
         let arena = Arc::new(KvArena::new(num_blocks, geometry.block_floats()));
-        Self::new(config, block_size, arena, BlockPool::paged(num_blocks, block_size, prefix_cache))
+        Self::new(geometry, arena, BlockPool::paged(num_blocks, geometry.block_size, prefix_cache))
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -187,6 +187,20 @@ fn write_kv(
     qkv: &[f32],
     width: usize,
 ) {
+    match store.dtype {
+        KvDtype::F32 => write_kv_as::<f32>(store, layer, spec, layout, qkv, width),
+        KvDtype::F16 => write_kv_as::<half::f16>(store, layer, spec, layout, qkv, width),
+    }
+}
+
+fn write_kv_as<E: Elem>(
+    store: &mut PagedKvStore,
+    layer: usize,
+    spec: &AttentionSpec,
+    layout: &TokenLayout,
+    qkv: &[f32],
+    width: usize,
+) {
     let hd = spec.head_dim;
     let bs = store.block_size;
     let k_start = spec.num_heads * hd;
@@ -195,15 +209,18 @@ fn write_kv(
         let (block, slot) = layout.slot[t];
         for g in 0..spec.num_kv_heads {
             let k_at = store.segment(block, layer, false, g);
-            let v_at = store.segment(block, layer, true, g) + slot * hd;
+            let v_at = store.segment(block, layer, true, g);
             // SAFETY: the slot's block is held by this step's row (`&mut store`: this
             // model's compute thread, nothing else reading this layer now).
             unsafe {
-                let keys_t = store.arena.slice_mut(k_at, hd * bs);
+                let keys_t = store.arena.slice_mut::<E>(k_at, hd * bs);
                 for (d, &k) in token[k_start + g * hd..k_start + (g + 1) * hd].iter().enumerate() {
-                    keys_t[d * bs + slot] = k;
+                    keys_t[d * bs + slot] = E::from_f32(k);
                 }
-                store.arena.slice_mut(v_at, hd).copy_from_slice(&token[v_start + g * hd..v_start + (g + 1) * hd]);
+                let values = store.arena.slice_mut::<E>(v_at, bs * hd);
+                for (d, &v) in token[v_start + g * hd..v_start + (g + 1) * hd].iter().enumerate() {
+                    values[slot * hd + d] = E::from_f32(v);
+                }
             }
         }
     }
@@ -253,10 +270,13 @@ fn attend(
     width: usize,
     out: &mut [f32],
 ) {
-    with_active_simd!(S => attend_on::<S>(store, layer, spec, layout, qkv, width, out))
+    match store.dtype {
+        KvDtype::F32 => with_active_simd!(S => attend_on::<S, f32>(store, layer, spec, layout, qkv, width, out)),
+        KvDtype::F16 => with_active_simd!(S => attend_on::<S, half::f16>(store, layer, spec, layout, qkv, width, out)),
+    }
 }
 
-fn attend_on<S: Simd>(
+fn attend_on<S: Simd, E: Elem>(
     store: &PagedKvStore,
     layer: usize,
     spec: &AttentionSpec,
@@ -287,10 +307,12 @@ fn attend_on<S: Simd>(
             let (k_at, v_at) = (store.segment(b, layer, false, g), store.segment(b, layer, true, g));
             // SAFETY: the row holds block `b`; this layer's K/V were all written
             // before the attention started, and only reads run now.
-            unsafe { KvBlock { keys_t: store.arena.slice(k_at, bs * hd), values: store.arena.slice(v_at, bs * hd) } }
+            unsafe {
+                KvBlock { keys_t: store.arena.slice::<E>(k_at, bs * hd), values: store.arena.slice::<E>(v_at, bs * hd) }
+            }
         };
         let tile = QueryTile { q: &q, context: &context, head_dim: hd };
-        attend_tile::<S>(&tile, blocks, bs, scale, block, &mut tile_out);
+        attend_tile::<S, E>(&tile, blocks, bs, scale, block, &mut tile_out);
         let token_width = spec.num_heads * hd;
         for (i, t) in task.tokens.clone().enumerate() {
             let src = &tile_out[i * group * hd..(i + 1) * group * hd];

@@ -9,7 +9,7 @@
 //! tile row's arithmetic is the same whoever shares the tile, so a sequence's result does
 //! not depend on how the batch was packed.
 
-use super::simd::{exp_scalar, Simd};
+use super::simd::{exp_scalar, Elem, Simd};
 
 /// Floats per tile row in the score buffer: the largest block, a multiple of every
 /// vector width.
@@ -28,20 +28,21 @@ pub struct QueryTile<'a> {
     pub head_dim: usize,
 }
 
-/// One block's transposed keys (`head_dim × block_size`) and values (`block_size × head_dim`).
-pub struct KvBlock<'c> {
-    pub keys_t: &'c [f32],
-    pub values: &'c [f32],
+/// One block's transposed keys (`head_dim × block_size`) and values (`block_size ×
+/// head_dim`), stored as `E` (f32, or f16 for half the bytes) and widened as they load.
+pub struct KvBlock<'c, E> {
+    pub keys_t: &'c [E],
+    pub values: &'c [E],
 }
 
 /// Softmax attention of every tile row over its visible positions, read block by block
 /// through `block` (block ids in sequence order). Writes `rows × head_dim` into `out`.
-pub fn attend_tile<'c, S: Simd>(
+pub fn attend_tile<'c, S: Simd, E: Elem>(
     tile: &QueryTile,
     blocks: &[u32],
     block_size: usize,
     scale: f32,
-    block: impl Fn(u32) -> KvBlock<'c>,
+    block: impl Fn(u32) -> KvBlock<'c, E>,
     out: &mut [f32],
 ) {
     let rows = tile.context.len();
@@ -63,13 +64,13 @@ pub fn attend_tile<'c, S: Simd>(
         let n = block_size.min(widest - start);
         let kv = block(id);
         debug_assert!(kv.keys_t.len() >= hd * block_size && kv.values.len() >= block_size * hd);
-        block_scores::<S>(tile.q, rows, hd, kv.keys_t, block_size, n, &mut scores);
+        block_scores::<S, E>(tile.q, rows, hd, kv.keys_t, block_size, n, &mut scores);
         for r in 0..rows {
             let visible = tile.context[r].saturating_sub(start).min(n);
             let row = &mut scores[r * SCORE_STRIDE..(r + 1) * SCORE_STRIDE];
             correction[r] = softmax_step::<S>(row, visible, n, scale, &mut running_max[r], &mut denom[r]);
         }
-        weighted_values::<S>(&scores, rows, hd, kv.values, n, &correction, out);
+        weighted_values::<S, E>(&scores, rows, hd, kv.values, n, &correction, out);
     }
     for (o, d) in out.chunks_exact_mut(hd).zip(&denom) {
         let inv = 1.0 / d;
@@ -80,7 +81,15 @@ pub fn attend_tile<'c, S: Simd>(
 /// `scores[r][j] = q[r] · key[j]` for keys `0..n` of one block (`keys_t` is
 /// `hd × block_size`). Whole vectors of keys may run past `n` inside the block; those
 /// scores are masked later.
-fn block_scores<S: Simd>(q: &[f32], rows: usize, hd: usize, keys_t: &[f32], bs: usize, n: usize, scores: &mut [f32]) {
+fn block_scores<S: Simd, E: Elem>(
+    q: &[f32],
+    rows: usize,
+    hd: usize,
+    keys_t: &[E],
+    bs: usize,
+    n: usize,
+    scores: &mut [f32],
+) {
     let mut j = 0;
     while j < n && j + S::LANES <= bs {
         let pair = j + 2 * S::LANES <= bs && j + S::LANES < n;
@@ -90,8 +99,8 @@ fn block_scores<S: Simd>(q: &[f32], rows: usize, hd: usize, keys_t: &[f32], bs: 
             macro_rules! dispatch {
                 ($($a:literal),*) => {
                     match (rr, pair) {
-                        $(($a, true) => score_micro::<S, $a, 2>(q, r, hd, keys_t, bs, j, scores),
-                          ($a, false) => score_micro::<S, $a, 1>(q, r, hd, keys_t, bs, j, scores),)*
+                        $(($a, true) => score_micro::<S, E, $a, 2>(q, r, hd, keys_t, bs, j, scores),
+                          ($a, false) => score_micro::<S, E, $a, 1>(q, r, hd, keys_t, bs, j, scores),)*
                         _ => unreachable!("at most SCORE_ROWS rows"),
                     }
                 };
@@ -105,7 +114,7 @@ fn block_scores<S: Simd>(q: &[f32], rows: usize, hd: usize, keys_t: &[f32], bs: 
     for key in j..n {
         for r in 0..rows {
             let qr = &q[r * hd..(r + 1) * hd];
-            let s = qr.iter().enumerate().fold(0f32, |s, (d, &x)| x.mul_add(keys_t[d * bs + key], s));
+            let s = qr.iter().enumerate().fold(0f32, |s, (d, &x)| x.mul_add(keys_t[d * bs + key].to_f32(), s));
             scores[r * SCORE_STRIDE + key] = s;
         }
     }
@@ -113,11 +122,11 @@ fn block_scores<S: Simd>(q: &[f32], rows: usize, hd: usize, keys_t: &[f32], bs: 
 
 /// Scores of query rows `r0..r0 + R` against keys `j..j + C·LANES`.
 #[inline(always)]
-fn score_micro<S: Simd, const R: usize, const C: usize>(
+fn score_micro<S: Simd, E: Elem, const R: usize, const C: usize>(
     q: &[f32],
     r0: usize,
     hd: usize,
-    keys_t: &[f32],
+    keys_t: &[E],
     bs: usize,
     j: usize,
     scores: &mut [f32],
@@ -128,7 +137,7 @@ fn score_micro<S: Simd, const R: usize, const C: usize>(
     unsafe {
         let mut acc = [[S::zero(); C]; R];
         for d in 0..hd {
-            let k: [S::V; C] = std::array::from_fn(|c| S::load(keys_t.as_ptr().add(d * bs + j + c * S::LANES)));
+            let k: [S::V; C] = std::array::from_fn(|c| E::load::<S>(keys_t.as_ptr().add(d * bs + j + c * S::LANES)));
             for a in 0..R {
                 let qv = S::splat(*q.get_unchecked((r0 + a) * hd + d));
                 for c in 0..C {
@@ -185,11 +194,11 @@ fn softmax_step<S: Simd>(
 }
 
 /// `out[r] = out[r] · correction[r] + Σ_j weight[r][j] · value[j]` over keys `0..n`.
-fn weighted_values<S: Simd>(
+fn weighted_values<S: Simd, E: Elem>(
     weights: &[f32],
     rows: usize,
     hd: usize,
-    values: &[f32],
+    values: &[E],
     n: usize,
     correction: &[f32],
     out: &mut [f32],
@@ -204,7 +213,7 @@ fn weighted_values<S: Simd>(
             macro_rules! dispatch {
                 ($($a:literal $b:literal),*) => {
                     match (rr, cv) {
-                        $(($a, $b) => value_micro::<S, $a, $b>(weights, r, hd, values, c0, n, correction, out),)*
+                        $(($a, $b) => value_micro::<S, E, $a, $b>(weights, r, hd, values, c0, n, correction, out),)*
                         _ => unreachable!("at most VALUE_ROWS × VALUE_VECTORS"),
                     }
                 };
@@ -220,7 +229,7 @@ fn weighted_values<S: Simd>(
             let o = w
                 .iter()
                 .enumerate()
-                .fold(out[r * hd + d] * correction[r], |o, (j, &wj)| wj.mul_add(values[j * hd + d], o));
+                .fold(out[r * hd + d] * correction[r], |o, (j, &wj)| wj.mul_add(values[j * hd + d].to_f32(), o));
             out[r * hd + d] = o;
         }
     }
@@ -228,11 +237,11 @@ fn weighted_values<S: Simd>(
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn value_micro<S: Simd, const R: usize, const C: usize>(
+fn value_micro<S: Simd, E: Elem, const R: usize, const C: usize>(
     weights: &[f32],
     r0: usize,
     hd: usize,
-    values: &[f32],
+    values: &[E],
     c0: usize,
     n: usize,
     correction: &[f32],
@@ -247,7 +256,7 @@ fn value_micro<S: Simd, const R: usize, const C: usize>(
             std::array::from_fn(|c| S::mul(S::load(out.as_ptr().add((r0 + a) * hd + c0 + c * S::LANES)), scale))
         });
         for j in 0..n {
-            let v: [S::V; C] = std::array::from_fn(|c| S::load(values.as_ptr().add(j * hd + c0 + c * S::LANES)));
+            let v: [S::V; C] = std::array::from_fn(|c| E::load::<S>(values.as_ptr().add(j * hd + c0 + c * S::LANES)));
             for a in 0..R {
                 let w = S::splat(*weights.get_unchecked((r0 + a) * SCORE_STRIDE + j));
                 for c in 0..C {
@@ -282,24 +291,26 @@ mod tests {
 
     /// Several query rows with different causal contexts against keys scattered over
     /// non-contiguous blocks, for block sizes and head sizes on and off the vector width.
-    fn tile_matches_plain_softmax<S: Simd>() {
+    fn tile_matches_plain_softmax<S: Simd, E: Elem>() {
         let val = |i: usize, d: usize, salt: f32| ((i * 31 + d * 7) as f32 * 0.13 + salt).sin() * 3.0;
         for &(hd, bs, rows) in
             &[(8usize, 4usize, 3usize), (16, 16, 9), (64, 16, 32), (24, 40, 5), (64, 128, 2), (70, 1, 4)]
         {
             let context = 3 * bs + 2;
             let blocks: Vec<u32> = (0..context.div_ceil(bs)).map(|b| (b as u32 * 5 + 3) % 11).collect();
-            let k: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 0.5)).collect()).collect();
-            let v: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| val(i, d, 1.5)).collect()).collect();
+            // The definition runs on the values as stored (rounded to E).
+            let stored = |x: f32| E::from_f32(x).to_f32();
+            let k: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| stored(val(i, d, 0.5))).collect()).collect();
+            let v: Vec<Vec<f32>> = (0..context).map(|i| (0..hd).map(|d| stored(val(i, d, 1.5))).collect()).collect();
             // Unwritten slots hold NaN: the kernel must never let them reach a result.
-            let mut kbuf = vec![f32::NAN; 11 * bs * hd];
-            let mut vbuf = vec![f32::NAN; 11 * bs * hd];
+            let mut kbuf = vec![E::from_f32(f32::NAN); 11 * bs * hd];
+            let mut vbuf = vec![E::from_f32(f32::NAN); 11 * bs * hd];
             for i in 0..context {
                 let base = blocks[i / bs] as usize * bs * hd;
                 for d in 0..hd {
-                    kbuf[base + d * bs + i % bs] = k[i][d];
+                    kbuf[base + d * bs + i % bs] = E::from_f32(k[i][d]);
+                    vbuf[base + (i % bs) * hd + d] = E::from_f32(v[i][d]);
                 }
-                vbuf[base + (i % bs) * hd..base + (i % bs + 1) * hd].copy_from_slice(&v[i]);
             }
             let q: Vec<f32> = (0..rows * hd).map(|i| val(99 + i / hd, i % hd, 2.0)).collect();
             let ctx: Vec<usize> = (0..rows).map(|r| context - (r * 7) % context.min(19)).collect();
@@ -309,7 +320,7 @@ mod tests {
                 KvBlock { keys_t: &kbuf[at..at + bs * hd], values: &vbuf[at..at + bs * hd] }
             };
             let tile = QueryTile { q: &q, context: &ctx, head_dim: hd };
-            attend_tile::<S>(&tile, &blocks, bs, 0.35, block, &mut out);
+            attend_tile::<S, E>(&tile, &blocks, bs, 0.35, block, &mut out);
             for r in 0..rows {
                 let want = reference(&q[r * hd..(r + 1) * hd], &k[..ctx[r]], &v[..ctx[r]], 0.35);
                 for (a, b) in out[r * hd..(r + 1) * hd].iter().zip(&want) {
@@ -320,14 +331,17 @@ mod tests {
             for r in [0, rows - 1] {
                 let mut alone = vec![0.0; hd];
                 let tile = QueryTile { q: &q[r * hd..(r + 1) * hd], context: &ctx[r..r + 1], head_dim: hd };
-                attend_tile::<S>(&tile, &blocks, bs, 0.35, block, &mut alone);
+                attend_tile::<S, E>(&tile, &blocks, bs, 0.35, block, &mut alone);
                 assert_eq!(alone, out[r * hd..(r + 1) * hd], "hd {hd} bs {bs} row {r} alone");
             }
         }
     }
 
     #[test]
-    fn tiles_match_plain_softmax_on_every_path() {
-        for_each_simd!(S => { tile_matches_plain_softmax::<S>() });
+    fn tiles_match_plain_softmax_on_every_path_for_f32_and_f16_kv() {
+        for_each_simd!(S => {
+            tile_matches_plain_softmax::<S, f32>();
+            tile_matches_plain_softmax::<S, half::f16>();
+        });
     }
 }

@@ -11,7 +11,7 @@ use super::error::{ModelError, Result};
 use super::gguf::GgufType;
 use super::gguf_read::{is_gguf_file, read_gguf_config};
 use super::kv::{BlockPool, KvCapacity, KvSeq};
-use super::kv_arena::SharedKv;
+use super::kv_arena::{KvDtype, KvGeometry, SharedKv};
 use super::quantized::load_gguf_transformer;
 use super::transformer::Transformer;
 use super::warmup;
@@ -187,6 +187,8 @@ pub struct LoadOptions {
     pub kv_budget_bytes: usize,
     /// Token slots per KV block.
     pub block_size: usize,
+    /// How the candle backend stores K/V (llama.cpp keeps f16).
+    pub kv_dtype: KvDtype,
     pub backend: BackendKind,
     /// This model's compute threads: its own rayon pool in the engine (candle), or its
     /// llama.cpp context's. `None`: the process pool, or the process's count (see
@@ -206,6 +208,7 @@ impl Default for LoadOptions {
             dtype: WeightDtype::F32,
             kv_budget_bytes: 256 << 20,
             block_size: 16,
+            kv_dtype: KvDtype::F32,
             backend: BackendKind::Candle,
             threads: None,
             prefix_cache: true,
@@ -242,14 +245,13 @@ impl CandleBackend {
                 options.block_size
             )));
         }
+        let geometry = KvGeometry::new(model.config(), options.block_size, options.kv_dtype);
         let store = match &options.shared_kv {
-            Some(shared) => {
-                PagedKvStore::new(model.config(), options.block_size, shared.arena.clone(), shared.pool.clone())
-            }
+            Some(shared) => PagedKvStore::new(geometry, shared.arena.clone(), shared.pool.clone()),
             None => {
-                let block_bytes = options.block_size * model.config().kv_bytes_per_token(4);
+                let block_bytes = options.block_size * model.config().kv_bytes_per_token(options.kv_dtype.bytes());
                 let blocks = options.kv_budget_bytes / block_bytes;
-                PagedKvStore::alone(model.config(), blocks, options.block_size, options.prefix_cache)
+                PagedKvStore::alone(geometry, blocks, options.prefix_cache)
             }
         };
         let mut backend = CandleBackend { model, store };

@@ -77,25 +77,26 @@ impl KvArena {
         });
     }
 
-    /// `len` values from `at`.
+    /// `len` values of type `E` (f32 or f16) from `at`, an offset in f32 units (where
+    /// a segment starts).
     ///
     /// # Safety
     /// The range is in bounds and lies in pages that the caller's model holds and that
-    /// no one writes while the slice lives.
-    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &[f32] {
-        debug_assert!(at + len <= self.floats);
-        std::slice::from_raw_parts(self.ptr.as_ptr().add(at), len)
+    /// no one writes while the slice lives; `E` is plain data of at most 4-byte alignment.
+    pub(crate) unsafe fn slice<E>(&self, at: usize, len: usize) -> &[E] {
+        debug_assert!(at * 4 + len * std::mem::size_of::<E>() <= self.floats * 4);
+        std::slice::from_raw_parts(self.ptr.as_ptr().add(at) as *const E, len)
     }
 
-    /// `len` values from `at`, to write.
+    /// [`slice`](Self::slice), to write.
     ///
     /// # Safety
     /// As [`slice`](Self::slice), and no one else reads or writes the range while the
     /// slice lives.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice_mut(&self, at: usize, len: usize) -> &mut [f32] {
-        debug_assert!(at + len <= self.floats);
-        std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len)
+    pub(crate) unsafe fn slice_mut<E>(&self, at: usize, len: usize) -> &mut [E] {
+        debug_assert!(at * 4 + len * std::mem::size_of::<E>() <= self.floats * 4);
+        std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at) as *mut E, len)
     }
 }
 
@@ -114,6 +115,37 @@ impl std::fmt::Debug for KvArena {
     }
 }
 
+/// How K/V values are stored. f16 halves the bytes a long context costs per decode
+/// step and doubles the tokens a budget holds; attention widens them to f32 as it loads
+/// and sums in f32. (The golden suite states its accuracy against transformers.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            other => Err(format!("KV dtype {other:?} is not supported: use f32 or f16")),
+        }
+    }
+}
+
 /// How one model's K/V blocks are cut into segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvGeometry {
@@ -121,16 +153,24 @@ pub struct KvGeometry {
     pub layers: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub dtype: KvDtype,
 }
 
 impl KvGeometry {
-    pub fn new(config: &ModelConfig, block_size: usize) -> Self {
-        KvGeometry { block_size, layers: config.num_layers, kv_heads: config.num_kv_heads, head_dim: config.head_dim }
+    pub fn new(config: &ModelConfig, block_size: usize, dtype: KvDtype) -> Self {
+        KvGeometry {
+            block_size,
+            layers: config.num_layers,
+            kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+            dtype,
+        }
     }
 
-    /// Values of one (layer, K or V, head) segment of a block.
+    /// Arena floats (4-byte units) of one (layer, K or V, head) segment of a block:
+    /// `block_size × head_dim` values (head sizes are even, so f16 fills whole floats).
     pub fn segment_floats(&self) -> usize {
-        self.block_size * self.head_dim
+        (self.block_size * self.head_dim * self.dtype.bytes()).div_ceil(4)
     }
 
     pub fn segments_per_block(&self) -> usize {
@@ -219,7 +259,7 @@ mod tests {
     use super::*;
 
     fn geometry(block_size: usize, layers: usize, kv_heads: usize, head_dim: usize) -> KvGeometry {
-        KvGeometry { block_size, layers, kv_heads, head_dim }
+        KvGeometry { block_size, layers, kv_heads, head_dim, dtype: KvDtype::F32 }
     }
 
     #[test]
@@ -240,6 +280,18 @@ mod tests {
         let page = page_floats_for(&[odd, small]);
         assert!(page % odd.segment_floats() == 0 && page % small.segment_floats() == 0);
         assert!(odd.pages_per_block(page) * page >= odd.block_floats());
+    }
+
+    #[test]
+    fn f16_kv_halves_a_segment_and_shares_pages_with_f32_models() {
+        let small_f16 = KvGeometry { dtype: KvDtype::F16, ..geometry(16, 8, 4, 64) };
+        assert_eq!(small_f16.segment_floats(), 512, "16 slots × 64 f16 values in 4-byte floats");
+        assert_eq!(small_f16.block_floats() * 2, geometry(16, 8, 4, 64).block_floats());
+        let tiny = geometry(16, 2, 2, 16);
+        let page = page_floats_for(&[tiny, small_f16]);
+        assert_eq!(page % small_f16.segment_floats(), 0);
+        assert_eq!(page % tiny.segment_floats(), 0);
+        assert_eq!(small_f16.pages_per_block(page) * page, small_f16.block_floats(), "no page wasted");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{with_active_simd, Simd};
+use super::simd::{with_active_simd, Elem, Simd};
 
 /// Rows of `x` per micro-kernel.
 const MR: usize = 4;
@@ -21,57 +21,14 @@ const PANEL_FLOATS: usize = 64 * 1024;
 /// How far ahead (in floats) the single-row kernel prefetches each weight row.
 const PREFETCH_AHEAD: usize = 1024;
 
-/// A weight element the kernel widens to f32 as it loads.
-pub trait WeightElem: Copy + Send + Sync + 'static {
-    /// `LANES` consecutive weights at `p`, widened.
-    ///
-    /// # Safety
-    /// `p` must point at `LANES` readable elements.
-    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
-    fn to_f32(self) -> f32;
-}
-
-impl WeightElem for f32 {
-    #[inline(always)]
-    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load(p)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl WeightElem for half::f16 {
-    #[inline(always)]
-    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load_f16(p as *const u16)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-}
-
-impl WeightElem for half::bf16 {
-    #[inline(always)]
-    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load_bf16(p as *const u16)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-}
-
 /// `y[m][n] = Σ_k x[m][k] · w[n][k]` with `x: (m, k)`, `w: (n, k)`, `y: (m, n)`, all
 /// row-major and contiguous. Runs on the active [`KernelPath`](super::simd::KernelPath).
-pub fn matmul_xwt<W: WeightElem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
+pub fn matmul_xwt<W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
     with_active_simd!(S => matmul_xwt_on::<S, W>(x, w, y, m, k, n))
 }
 
 /// [`matmul_xwt`] on the instruction set `S`.
-pub fn matmul_xwt_on<S: Simd, W: WeightElem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
+pub fn matmul_xwt_on<S: Simd, W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     assert_eq!(y.len(), m * n);
@@ -93,7 +50,7 @@ struct SharedOut(*mut f32);
 unsafe impl Sync for SharedOut {}
 
 #[allow(clippy::too_many_arguments)]
-fn compute_columns<S: Simd, W: WeightElem>(
+fn compute_columns<S: Simd, W: Elem>(
     x: &[f32],
     w: &[W],
     out: &SharedOut,
@@ -145,7 +102,7 @@ fn w_rows_per_tile(x_rows: usize) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn tile<S: Simd, W: WeightElem>(
+fn tile<S: Simd, W: Elem>(
     x: &[f32],
     w: &[W],
     k: usize,
@@ -169,7 +126,7 @@ fn tile<S: Simd, W: WeightElem>(
 
 /// A `R × C` block of dot products, accumulated in `R · C` vector registers.
 #[inline(always)]
-fn micro<const R: usize, const C: usize, S: Simd, W: WeightElem>(
+fn micro<const R: usize, const C: usize, S: Simd, W: Elem>(
     x: &[f32],
     w: &[W],
     k: usize,

@@ -43,5 +43,5 @@ pub use backend::{
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
 pub use kv::{BlockPool, KvCapacity, KvEvent, KvSeq, SharedPoolSpec};
-pub use kv_arena::{share_kv, KvGeometry, SharedKv};
+pub use kv_arena::{share_kv, KvDtype, KvGeometry, SharedKv};
 pub use prefix_cache::PrefixCacheStats;

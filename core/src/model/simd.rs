@@ -44,6 +44,63 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn prefetch(p: *const u8);
 }
 
+/// A stored element the kernels widen to f32 as they load it (weights, K/V): f32, f16
+/// or bf16. Sums stay f32.
+pub trait Elem: Copy + Send + Sync + 'static {
+    /// `LANES` consecutive elements at `p`, widened.
+    ///
+    /// # Safety
+    /// `p` must point at `LANES` readable elements.
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load(p)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Elem for half::f16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load_f16(p as *const u16)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+impl Elem for half::bf16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load_bf16(p as *const u16)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
 /// The instruction sets a kernel can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelPath {
