@@ -99,6 +99,9 @@ impl Profile {
     }
 }
 
+/// Prompts at least this long are timed once, without a warm-up.
+const LONG_PREFILL: usize = 4096;
+
 pub fn run(
     backend: &mut dyn Backend,
     name: &str,
@@ -114,7 +117,7 @@ pub fn run(
                 continue;
             }
             progress(&format!("decode batch {batch} context {context}"));
-            let ms = time_steps(backend, batch, context, 1, spec.steps)?;
+            let ms = time_steps(backend, batch, context, 1, 1, spec.steps)?;
             decode.push(DecodePoint { batch, context, step_ms: ms, tokens_per_sec: batch as f64 * 1e3 / ms });
         }
     }
@@ -124,7 +127,9 @@ pub fn run(
             continue;
         }
         progress(&format!("prefill {len}"));
-        let ms = time_steps(backend, 1, 0, len, spec.steps.min(2))?;
+        // A long prompt is its own warm-up, and repeating one costs minutes on a CPU.
+        let (warmups, timed) = if len >= LONG_PREFILL { (0, 1) } else { (1, spec.steps.min(2)) };
+        let ms = time_steps(backend, 1, 0, len, warmups, timed)?;
         prefill.push(PrefillPoint {
             batch: 1,
             tokens_per_row: len,
@@ -139,7 +144,7 @@ pub fn run(
             continue;
         }
         progress(&format!("extend batch {batch} × {k} tokens"));
-        let ms = time_steps(backend, batch, 512, k, spec.steps)?;
+        let ms = time_steps(backend, batch, 512, k, 1, spec.steps)?;
         extend.push(PrefillPoint {
             batch,
             tokens_per_row: k,
@@ -183,15 +188,17 @@ fn fill_context(backend: &mut dyn Backend, seq: &mut KvSeq, context: usize, toke
     Ok(())
 }
 
-/// Median latency of steps feeding `tokens_per_row` tokens to `batch` rows that sit at
-/// `context` positions. The context's K/V is left as whatever the blocks hold: attention
-/// costs the same whatever the values, and prefilling long contexts would dominate.
+/// Median latency of `timed` steps (after `warmups` untimed ones) feeding
+/// `tokens_per_row` tokens to `batch` rows that sit at `context` positions. The context's
+/// K/V is left as whatever the blocks hold: attention costs the same whatever the
+/// values, and prefilling long contexts would dominate.
 fn time_steps(
     backend: &mut dyn Backend,
     batch: usize,
     context: usize,
     tokens_per_row: usize,
-    steps: usize,
+    warmups: usize,
+    timed: usize,
 ) -> Result<f64> {
     let vocab = backend.config().vocab_size as u32;
     let mut seqs: Vec<KvSeq> = (0..batch).map(|_| backend.new_sequence()).collect();
@@ -200,8 +207,8 @@ fn time_steps(
     for (seq, row) in seqs.iter_mut().zip(&tokens) {
         fill_context(backend, seq, context, row.first().copied().unwrap_or(0))?;
     }
-    let mut times = Vec::with_capacity(steps);
-    for step in 0..=steps {
+    let mut times = Vec::with_capacity(timed);
+    for step in 0..warmups + timed.max(1) {
         let mut rows: Vec<RowInput> = seqs
             .iter_mut()
             .zip(&tokens)
@@ -212,7 +219,7 @@ fn time_steps(
             .collect();
         let t = Instant::now();
         backend.forward(&mut rows, false)?;
-        if step > 0 {
+        if step >= warmups {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
         if context == 0 {
