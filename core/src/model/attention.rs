@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use super::attention_kernel::{attend_tile, KvBlock, QueryTile, SCORE_STRIDE};
 use super::kv::BlockPool;
 use super::kv_arena::{KvArena, KvDtype, KvGeometry};
+use super::matmul::SharedOut;
 use super::rope::{rotate, Rope};
 use super::simd::{with_active_simd, Elem, Simd};
 
@@ -256,10 +257,6 @@ fn plan_tasks(layout: &TokenLayout, spec: &AttentionSpec) -> Vec<Task> {
     }
     tasks
 }
-
-/// The attention output, shared by tasks that write disjoint (token, head) ranges.
-struct SharedOut(*mut f32);
-unsafe impl Sync for SharedOut {}
 
 fn attend(
     store: &PagedKvStore,

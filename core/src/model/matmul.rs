@@ -45,8 +45,10 @@ pub fn matmul_xwt_on<S: Simd, W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usi
     });
 }
 
-/// The output pointer, shared by tasks that write disjoint column ranges.
-struct SharedOut(*mut f32);
+/// An output buffer shared by parallel tasks that each write their own disjoint part
+/// (matmul: column ranges; attention: (token, head) ranges).
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: the tasks that share it write disjoint elements, and the buffer outlives them.
 unsafe impl Sync for SharedOut {}
 
 #[allow(clippy::too_many_arguments)]
