@@ -112,8 +112,10 @@ impl Transformer {
         let last_rows: Vec<f32> =
             last.iter().flat_map(|&t| x[t as usize * hidden..(t as usize + 1) * hidden].iter().copied()).collect();
         let h = ops::rms_norm(&last_rows, &self.final_norm, self.eps());
-        let logits = self.lm_head.forward_to_vec(&rows_tensor(h.clone(), hidden)?)?;
-        Ok(StackOutput { logits, hidden: want_hidden.then_some(h) })
+        // A copy only when the caller wants the hidden states; the LM head takes `h` itself.
+        let hidden_states = want_hidden.then(|| h.clone());
+        let logits = self.lm_head.forward_to_vec(&rows_tensor(h, hidden)?)?;
+        Ok(StackOutput { logits, hidden: hidden_states })
     }
 
     fn eps(&self) -> f32 {
