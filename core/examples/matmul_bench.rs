@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use tokenrouter_core::model::matmul::matmul_xwt;
+use tokenrouter_core::model::matmul_packed::matmul_xwt_many;
 
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -66,6 +67,7 @@ fn main() -> candle_core::Result<()> {
         .unwrap_or_else(|_| vec![1, 8, 32, 64]);
     let shapes = [(512, 3072), (1536, 512), (512, 151_936), (1024, 6144), (3072, 1024), (1024, 2048)];
     println!("{:>5} {:>6} {:>7} {:>11} {:>11} {:>8} {:>9}", "m", "k", "n", "candle ms", "ours ms", "GB/s", "GFLOP/s");
+    println!("(then: packed ms, f16 ours ms, f16 packed ms)");
     for &(k, n) in &shapes {
         let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
         let wv: Vec<f32> = w.flatten_all()?.to_vec1()?;
@@ -78,9 +80,20 @@ fn main() -> candle_core::Result<()> {
             });
             let mut y = vec![0f32; m * n];
             let o = best_of(5, || matmul_xwt(&xv, &wv, &mut y, m, k, n));
+            let packed = best_of(5, || matmul_xwt_many(&xv, &wv, &mut y, m, k, n));
+            let wh: Vec<half::f16> = wv.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let o16 = best_of(5, || matmul_xwt(&xv, &wh, &mut y, m, k, n));
+            let p16 = best_of(5, || matmul_xwt_many(&xv, &wh, &mut y, m, k, n));
             let gbs = (n * k * 4) as f64 / o / 1e9;
             let gflops = 2.0 * (m * n * k) as f64 / o / 1e9;
-            println!("{m:>5} {k:>6} {n:>7} {:>11.3} {:>11.3} {gbs:>8.1} {gflops:>9.1}", c * 1e3, o * 1e3);
+            println!(
+                "{m:>5} {k:>6} {n:>7} {:>11.3} {:>11.3} {gbs:>8.1} {gflops:>9.1} {:>9.3} {:>9.3} {:>9.3}",
+                c * 1e3,
+                o * 1e3,
+                packed * 1e3,
+                o16 * 1e3,
+                p16 * 1e3
+            );
         }
     }
     Ok(())

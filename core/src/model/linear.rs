@@ -5,14 +5,6 @@ use candle_core::{DType, Device, Storage, Tensor};
 use super::error::Result;
 use super::matmul::matmul_xwt;
 
-/// Up to this many rows, layers always use our kernel.
-const FEW_ROWS: usize = 96;
-/// Beyond [`FEW_ROWS`], our kernel (x in L2-sized panels) still beats candle's packed
-/// GEMM while a weight row is this short; with longer rows (the down projection of
-/// `medium`, k = 3072) a 4 × 4 tile's rows spill out of L1 and candle's blocking over k
-/// wins by 5-30% (measured with `examples/matmul_bench.rs`, m = 64..2048).
-const OWN_KERNEL_MAX_K: usize = 2048;
-
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// `(out_features, in_features)`, as checkpoints store it.
@@ -70,10 +62,12 @@ impl Linear {
         Ok(self.forward(x)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
     }
 
+    /// Our kernels beat candle's GEMM at every row count measured (1-2,048 rows,
+    /// `examples/matmul_bench.rs`), and stream half-precision weights without widening
+    /// the whole matrix per call.
     fn takes_own_kernel(&self, x: &Tensor) -> bool {
         let weights = matches!(self.weight.dtype(), DType::F32 | DType::F16 | DType::BF16);
-        let (rows, k) = (x.dims()[0], self.weight.dims()[1]);
-        (rows <= FEW_ROWS || k <= OWN_KERNEL_MAX_K) && weights && x.dtype() == DType::F32
+        weights && x.dtype() == DType::F32
     }
 
     fn own_kernel(&self, x: &Tensor) -> Result<Tensor> {

@@ -6,12 +6,19 @@
 //! decode well under the memory-bandwidth limit and batch-8 decode at a fraction of
 //! the FLOP rate. Here each thread streams its own slice of `W` exactly once and
 //! multiplies every row of `x` against it with a register-blocked micro-kernel, so
-//! small batches are bandwidth-bound and larger ones run near the FMA rate.
+//! small batches are bandwidth-bound and larger ones run near the FMA rate. From
+//! [`PACKED_MIN_ROWS`] rows on, [`matmul_packed`](super::matmul_packed)'s outer-product
+//! tile takes over.
 
 use rayon::prelude::*;
 
+use super::matmul_packed::matmul_xwt_packed;
 use super::simd::{with_active_simd, Elem, Simd};
 
+/// From this many rows of `x` on, the outer-product kernel over packed rows wins (1.3-1.9×
+/// at 32-2,048 rows in `examples/matmul_bench.rs`; below 12 rows its 16-row vectors
+/// are mostly padding).
+const PACKED_MIN_ROWS: usize = 12;
 /// Rows of `x` per micro-kernel.
 const MR: usize = 4;
 /// Rows of `W` per micro-kernel, at most.
@@ -29,6 +36,9 @@ pub fn matmul_xwt<W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize
 
 /// [`matmul_xwt`] on the instruction set `S`.
 pub fn matmul_xwt_on<S: Simd, W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
+    if m >= PACKED_MIN_ROWS {
+        return matmul_xwt_packed::<S, W>(x, w, y, m, k, n);
+    }
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     assert_eq!(y.len(), m * n);

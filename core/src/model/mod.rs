@@ -20,6 +20,7 @@ pub mod linear;
 pub mod llamacpp;
 pub mod machine;
 pub mod matmul;
+pub mod matmul_packed;
 mod ops;
 pub mod prefix_cache;
 pub mod presets;
