@@ -15,8 +15,8 @@ use super::simd::{with_active_simd, Elem, Simd};
 
 /// Blocks of `LANES` rows per tile: each broadcast weight feeds this many FMAs.
 const ROW_BLOCKS: usize = 2;
-/// Weight rows per tile on 32-register (AVX-512) paths: 2 × 12 accumulators, two `x`
-/// vectors and a broadcast fit the register file.
+/// Weight rows per tile with 32 vector registers (AVX-512's encoding): 2 × 12
+/// accumulators, two `x` vectors and a broadcast fit the register file.
 const WIDE_COLS: usize = 12;
 /// Weight rows per tile on 16-register paths.
 const NARROW_COLS: usize = 6;
@@ -62,7 +62,7 @@ struct Shape {
 }
 
 fn cols_per_tile<S: Simd>() -> usize {
-    if S::LANES >= 16 {
+    if S::REGISTERS >= 32 {
         WIDE_COLS
     } else {
         NARROW_COLS

@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 /// One instruction set's vector of f32 lanes and the operations the kernels use.
 pub trait Simd: Copy + Send + Sync + 'static {
     const LANES: usize;
+    /// Vector registers the path can name: 32 where AVX-512's encoding is on.
+    const REGISTERS: usize;
     type V: Copy;
     fn zero() -> Self::V;
     fn splat(x: f32) -> Self::V;
@@ -237,6 +239,7 @@ pub struct Avx512;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 impl Simd for Avx512 {
     const LANES: usize = 16;
+    const REGISTERS: usize = 32;
     type V = std::arch::x86_64::__m512;
     #[inline(always)]
     fn zero() -> Self::V {
@@ -327,6 +330,7 @@ pub struct Avx2;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
 impl Simd for Avx2 {
     const LANES: usize = 8;
+    const REGISTERS: usize = if cfg!(target_feature = "avx512vl") { 32 } else { 16 };
     type V = std::arch::x86_64::__m256;
     #[inline(always)]
     fn zero() -> Self::V {
@@ -421,6 +425,7 @@ pub struct Portable;
 
 impl Simd for Portable {
     const LANES: usize = 8;
+    const REGISTERS: usize = 16;
     type V = [f32; 8];
     #[inline(always)]
     fn zero() -> Self::V {
