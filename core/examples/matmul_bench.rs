@@ -61,6 +61,12 @@ fn main() -> candle_core::Result<()> {
             println!("lm_head m=1 huge={huge}: {:.2} ms, {:.1} GB/s", t * 1e3, (n * k * 4) as f64 / t / 1e9);
         }
     }
+    if let Ok(rows) = std::env::var("MATMUL_STACK_ROWS") {
+        for m in rows.split(',').filter_map(|r| r.trim().parse::<usize>().ok()) {
+            stack(m);
+        }
+        return Ok(());
+    }
     // MATMUL_ROWS=1,8,128 times other row counts.
     let rows: Vec<usize> = std::env::var("MATMUL_ROWS")
         .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
@@ -99,5 +105,24 @@ fn main() -> candle_core::Result<()> {
     Ok(())
 }
 
-#[allow(dead_code)]
-fn read_bandwidth() {}
+/// The matrices of one `medium` decode step (16 layers, then the LM head), each fresh
+/// from memory as in a real step: effective GB/s of the whole stack at `m` rows.
+fn stack(m: usize) {
+    let layer = [(1024usize, 2048usize), (1024, 1024), (1024, 6144), (3072, 1024)];
+    let mut mats: Vec<(usize, usize, Vec<f32>)> = Vec::new();
+    for _ in 0..16 {
+        for &(k, n) in &layer {
+            mats.push((k, n, vec![0.01f32; k * n]));
+        }
+    }
+    mats.push((1024, 151_936, vec![0.01f32; 1024 * 151_936]));
+    let bytes: usize = mats.iter().map(|(k, n, _)| k * n * 4).sum();
+    let x = vec![1.0f32; m * 6144];
+    let mut y = vec![0f32; m * 151_936];
+    let t = best_of(5, || {
+        for (k, n, w) in &mats {
+            matmul_xwt(&x[..m * k], w, &mut y[..m * n], m, *k, *n);
+        }
+    });
+    println!("stack m={m}: {:.2} ms, {:.1} GB/s", t * 1e3, bytes as f64 / t / 1e9);
+}

@@ -25,8 +25,17 @@ const MR: usize = 4;
 const NR: usize = 4;
 /// Floats of `x` per panel (256 KiB: a quarter of a core's L2 on the machines we measure).
 const PANEL_FLOATS: usize = 64 * 1024;
-/// How far ahead (in floats) the single-row kernel prefetches each weight row.
-const PREFETCH_AHEAD: usize = 1024;
+/// How far ahead (in floats) a tile prefetches each weight row: one row's tile streams
+/// W fastest with a short lead, multi-row tiles (which read each W vector for 4-8
+/// rows of x) with a long one (`MATMUL_STACK_ROWS=1,2,4,8 examples/matmul_bench`, a
+/// `medium` decode step's matrices: 8 rows 70-78 → 56-57 ms with 4,096 instead of 1,024).
+fn prefetch_ahead(w_rows: usize) -> usize {
+    if w_rows == 1 {
+        1024
+    } else {
+        4096
+    }
+}
 
 /// `y[m][n] = Σ_k x[m][k] · w[n][k]` with `x: (m, k)`, `w: (n, k)`, `y: (m, n)`, all
 /// row-major and contiguous. Runs on the active [`KernelPath`](super::simd::KernelPath).
@@ -149,6 +158,7 @@ fn micro<const R: usize, const C: usize, S: Simd, W: Elem>(
     let xs: [&[f32]; R] = std::array::from_fn(|a| &x[(i + a) * k..(i + a + 1) * k]);
     let ws: [&[W]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
     let full = k / S::LANES * S::LANES;
+    let ahead = prefetch_ahead(C);
     // Safety: every load reads LANES floats at p < full <= k from rows of length k.
     let acc = unsafe {
         let mut acc = [[S::zero(); C]; R];
@@ -156,7 +166,7 @@ fn micro<const R: usize, const C: usize, S: Simd, W: Elem>(
         while p < full {
             // The weights stream from memory; ask for the next lines early.
             for b in 0..C {
-                S::prefetch(ws[b].as_ptr().wrapping_add(p + PREFETCH_AHEAD) as *const u8);
+                S::prefetch(ws[b].as_ptr().wrapping_add(p + ahead) as *const u8);
             }
             let wv: [S::V; C] = std::array::from_fn(|b| W::load::<S>(ws[b].as_ptr().add(p)));
             for a in 0..R {

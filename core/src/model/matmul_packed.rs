@@ -37,7 +37,10 @@ pub fn matmul_xwt_packed<S: Simd, W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m:
     assert_eq!(x.len(), m * k);
     assert_eq!(w.len(), n * k);
     assert_eq!(y.len(), m * n);
-    if m == 0 || n == 0 {
+    if k == 0 {
+        y.fill(0.0);
+    }
+    if m == 0 || n == 0 || k == 0 {
         return;
     }
     let packed = pack_rows::<S>(x, m, k);
@@ -177,11 +180,11 @@ fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, ti
 #[inline(always)]
 fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usize, tile: &mut [f32]) {
     let lanes = S::LANES;
-    assert!(xs.len() >= RB * k * lanes && w.len() >= C * k);
     let cols = tile.len() / (ROW_BLOCKS * lanes);
+    assert!(xs.len() >= RB * k * lanes && w.len() >= C * k && RB <= ROW_BLOCKS && C <= cols);
     let ws: [*const f32; C] = std::array::from_fn(|c| w[c * k..].as_ptr());
-    // Safety: the assert above bounds every x load (block < RB, p < k) and weight read
-    // (c < C, p < k); prefetches may point past the end, which is allowed.
+    // Safety: the assert above bounds every x load (block < RB, p < k), weight read
+    // (c < C, p < k) and tile store; prefetches may point past the end, which is allowed.
     unsafe {
         let mut acc = [[S::zero(); C]; RB];
         let mut p0 = 0;
@@ -232,7 +235,8 @@ mod tests {
     }
 
     fn odd_shapes_match<S: Simd>() {
-        let shapes = (1..=40).map(|m| (m, 19, 7)).chain([(33, 70, 25), (17, 3000, 13), (200, 1000, 30), (47, 5, 1)]);
+        let shapes =
+            (1..=40).map(|m| (m, 19, 7)).chain([(33, 70, 25), (17, 3000, 13), (200, 1000, 30), (47, 5, 1), (20, 0, 3)]);
         for (m, k, n) in shapes {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.1).collect();
