@@ -205,41 +205,42 @@ mod tests {
         y
     }
 
-    /// Every row count 1..=40 (every micro-kernel shape and the tails), and widths that
-    /// are not a multiple of the vector width, for each weight type against the f64
-    /// definition over the same (rounded) weights.
+    /// Every row count 1..=40 (every tile shape of both kernels and their tails), widths
+    /// that are not a multiple of the vector width, and, for the packed kernel, several
+    /// panels, deep rows and k = 0, for each weight type against the f64 definition over
+    /// the same (rounded) weights.
     #[test]
     fn half_precision_weights_match_the_definition_on_odd_shapes_on_every_path() {
         for_each_simd!(S => { odd_shapes_match::<S>() });
     }
 
     fn odd_shapes_match<S: Simd>() {
-        for m in 1..=40 {
-            for &(k, n) in &[(19, 7), (33, 10), (70, 5)] {
-                let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
-                let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.1).collect();
-                let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
-                let wb16: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                let check = |y: &[f32], rounded: Vec<f32>, what: &str| {
-                    let want = reference(&x, &rounded, m, k, n);
-                    for (a, b) in y.iter().zip(&want) {
-                        assert!((a - b).abs() < 1e-3, "{what} {m}x{k}x{n}: {a} vs {b}");
-                    }
-                };
-                let mut y = vec![f32::NAN; m * n];
-                matmul_xwt_on::<S, _>(&x, &w16, &mut y, m, k, n);
-                check(&y, w16.iter().map(|v| v.to_f32()).collect(), "f16");
-                matmul_xwt_on::<S, _>(&x, &wb16, &mut y, m, k, n);
-                check(&y, wb16.iter().map(|v| v.to_f32()).collect(), "bf16");
-                matmul_xwt_on::<S, _>(&x, &w, &mut y, m, k, n);
-                check(&y, w.clone(), "f32");
-            }
+        let small = (1..=40).flat_map(|m| [(m, 19, 7), (m, 33, 10), (m, 70, 5)]);
+        let packed = [(33, 70, 25), (17, 3000, 13), (200, 1000, 30), (47, 5, 1), (20, 0, 3), (5, 0, 3)];
+        for (m, k, n) in small.chain(packed) {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.1).collect();
+            let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let wb16: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            let check = |y: &[f32], rounded: Vec<f32>, what: &str| {
+                let want = reference(&x, &rounded, m, k, n);
+                for (a, b) in y.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-3 * (1.0 + b.abs()), "{what} {m}x{k}x{n}: {a} vs {b}");
+                }
+            };
+            let mut y = vec![f32::NAN; m * n];
+            matmul_xwt_on::<S, _>(&x, &w16, &mut y, m, k, n);
+            check(&y, w16.iter().map(|v| v.to_f32()).collect(), "f16");
+            matmul_xwt_on::<S, _>(&x, &wb16, &mut y, m, k, n);
+            check(&y, wb16.iter().map(|v| v.to_f32()).collect(), "bf16");
+            matmul_xwt_on::<S, _>(&x, &w, &mut y, m, k, n);
+            check(&y, w.clone(), "f32");
         }
     }
 
     #[test]
     fn matches_the_definition_on_ragged_shapes() {
-        // The last two: x in several L2 panels (k = 3000: 20 rows per panel).
+        // The last two: the packed kernel over deep rows, several panels of x.
         for &(m, k, n) in &[
             (1, 16, 4),
             (3, 37, 9),

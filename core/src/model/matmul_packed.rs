@@ -7,6 +7,9 @@
 //! rows laid out `[k][LANES]`, so one vector holds one column of `LANES` rows. A tile
 //! then broadcasts one weight at a time against two such vectors: no horizontal sums, and
 //! each weight is loaded (and widened) once per panel of rows instead of once per four.
+//!
+//! Tested through [`matmul_xwt_on`](super::matmul::matmul_xwt_on), which hands it 12 rows
+//! and more, on every kernel path.
 
 use rayon::prelude::*;
 
@@ -208,53 +211,6 @@ fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usi
             for c in 0..C {
                 S::store(tile.as_mut_ptr().add((b * cols + c) * lanes), acc[b][c]);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::simd::for_each_simd;
-
-    fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let mut y = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                y[i * n + j] = (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum::<f64>() as f32;
-            }
-        }
-        y
-    }
-
-    /// Row counts around the block and tile sizes, widths off the vector width, and
-    /// enough rows and depth for several panels, for each weight type on every path.
-    #[test]
-    fn matches_the_definition_on_odd_shapes_on_every_path() {
-        for_each_simd!(S => { odd_shapes_match::<S>() });
-    }
-
-    fn odd_shapes_match<S: Simd>() {
-        let shapes =
-            (1..=40).map(|m| (m, 19, 7)).chain([(33, 70, 25), (17, 3000, 13), (200, 1000, 30), (47, 5, 1), (20, 0, 3)]);
-        for (m, k, n) in shapes {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.1).collect();
-            let w16: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
-            let wb16: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
-            let check = |y: &[f32], rounded: Vec<f32>, what: &str| {
-                let want = reference(&x, &rounded, m, k, n);
-                for (a, b) in y.iter().zip(&want) {
-                    assert!((a - b).abs() < 1e-3 * (1.0 + b.abs()), "{what} {m}x{k}x{n}: {a} vs {b}");
-                }
-            };
-            let mut y = vec![f32::NAN; m * n];
-            matmul_xwt_packed::<S, _>(&x, &w16, &mut y, m, k, n);
-            check(&y, w16.iter().map(|v| v.to_f32()).collect(), "f16");
-            matmul_xwt_packed::<S, _>(&x, &wb16, &mut y, m, k, n);
-            check(&y, wb16.iter().map(|v| v.to_f32()).collect(), "bf16");
-            matmul_xwt_packed::<S, _>(&x, &w, &mut y, m, k, n);
-            check(&y, w.clone(), "f32");
         }
     }
 }
