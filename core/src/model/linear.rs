@@ -35,9 +35,9 @@ impl Linear {
         self.weight.dims()[0]
     }
 
-    /// `x`: `(tokens, in_features)` → `(tokens, out_features)`, in `x`'s dtype. Where
-    /// candle's GEMM runs, half-precision weights under f32 activations are widened for
-    /// it (many rows: the product costs `rows` times the conversion).
+    /// `x`: `(tokens, in_features)` → `(tokens, out_features)`, in `x`'s dtype. Our
+    /// kernels take f32 activations; other activation types go through candle's matmul,
+    /// with the weights converted to their type.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = if self.takes_own_kernel(x) {
             self.own_kernel(x)?
