@@ -104,6 +104,7 @@ fn main() {
         case(1, 0, 512, kv_dtype);
         case(1, 0, 2048, kv_dtype);
         case(8, 512, 4, kv_dtype);
+        case(32, 128, 1, kv_dtype);
         case(32, 1024, 1, kv_dtype);
         case(32, 4096, 1, kv_dtype);
     }

@@ -80,8 +80,12 @@ pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
 
 fn print_table(p: &Profile, dtype: WeightDtype) {
     println!(
-        "machine: {:.1} GB/s read, {:.1} GB/s triad, {:.0} GFLOP/s f32 GEMM (candle, 2048³), {} threads",
-        p.machine.read_gbps, p.machine.triad_gbps, p.machine.gemm_gflops, p.machine.threads
+        "machine: {:.1} GB/s read, {:.1} GB/s triad, {:.0} GFLOP/s f32 GEMM (the faster of ours and candle's {:.0}; 2048³), {} threads",
+        p.machine.read_gbps,
+        p.machine.triad_gbps,
+        p.machine.gemm_gflops,
+        p.machine.candle_gemm_gflops,
+        p.machine.threads
     );
     println!(
         "model: {:.1}M parameters, {:.0} MB of {dtype:?} weights; limits: {:.1} tok/s at batch 1 (bandwidth), {:.0} tok/s at large batch (GEMM)",

@@ -62,6 +62,13 @@ pub fn attend_tile<'c, S: Simd, E: Elem>(
             break;
         }
         let n = block_size.min(widest - start);
+        // Blocks lie anywhere in the arena, past what the hardware prefetcher guesses:
+        // ask for the next one while this one is computed.
+        if let Some(&next) = blocks.get(bi + 1).filter(|_| start + block_size < widest) {
+            let kv = block(next);
+            prefetch::<S, E>(kv.keys_t);
+            prefetch::<S, E>(kv.values);
+        }
         let kv = block(id);
         debug_assert!(kv.keys_t.len() >= hd * block_size && kv.values.len() >= block_size * hd);
         block_scores::<S, E>(tile.q, rows, hd, kv.keys_t, block_size, n, &mut scores);
@@ -75,6 +82,16 @@ pub fn attend_tile<'c, S: Simd, E: Elem>(
     for (o, d) in out.chunks_exact_mut(hd).zip(&denom) {
         let inv = 1.0 / d;
         o.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// Asks for every cache line of `values`.
+fn prefetch<S: Simd, E: Elem>(values: &[E]) {
+    const LINE: usize = 64;
+    let bytes = std::mem::size_of_val(values);
+    let base = values.as_ptr() as *const u8;
+    for offset in (0..bytes).step_by(LINE) {
+        S::prefetch(base.wrapping_add(offset));
     }
 }
 

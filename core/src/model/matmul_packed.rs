@@ -26,8 +26,16 @@ const NARROW_COLS: usize = 6;
 /// Floats of packed `x` per panel (384 KiB): the panel stays in L2 while every weight
 /// group of a task passes over it, so `W` is read from memory once per panel.
 const PANEL_FLOATS: usize = 96 * 1024;
-/// How far ahead (in floats) a tile prefetches each weight row.
-const PREFETCH_AHEAD: usize = 512;
+/// How far ahead (in floats, 64 KiB) a tile prefetches the weights it streams from
+/// memory. A tile's weight rows lie next to each other, and so does the next tile's
+/// group, so the tile walks that memory linearly, as far ahead as the L2 holds well:
+/// the next group arrives while this one is multiplied, where prefetching 512 floats
+/// down each row left every group's first lines to be missed on (a `medium` 32-row
+/// decode step's matrices, `MATMUL_STACK_ROWS=32 examples/matmul_bench`, median of 8
+/// interleaved runs: 87 → 62-75 ms).
+const PREFETCH_AHEAD: usize = 16 * 1024;
+/// Floats per cache line.
+const LINE_FLOATS: usize = 16;
 
 /// [`matmul_xwt_packed`] on the active [`KernelPath`](super::simd::KernelPath).
 pub fn matmul_xwt_many<W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
@@ -126,7 +134,8 @@ fn compute_columns<S: Simd, W: Elem>(
             for b in (b0..b1).step_by(ROW_BLOCKS) {
                 let rb = ROW_BLOCKS.min(b1 - b);
                 let xs = &packed[b * k * lanes..(b + rb) * k * lanes];
-                outer_tile::<S>(xs, weights, k, rb, nc, &mut tile);
+                // Widened weights are already in cache; `widen` prefetches the next group.
+                outer_tile::<S>(xs, weights, k, rb, nc, W::IS_F32, &mut tile);
                 scatter(&tile, out, shape, b * lanes, j, rb * lanes, nc, lanes);
             }
         }
@@ -165,12 +174,13 @@ fn scatter(tile: &[f32], out: &SharedOut, shape: Shape, row0: usize, j: usize, r
     }
 }
 
-fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, tile: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, stream: bool, tile: &mut [f32]) {
     macro_rules! dispatch {
         ($($c:literal)*) => {
             match (rb, nc) {
-                $((2, $c) => micro::<S, 2, $c>(xs, w, k, tile),
-                  (1, $c) => micro::<S, 1, $c>(xs, w, k, tile),)*
+                $((2, $c) => micro::<S, 2, $c>(xs, w, k, stream, tile),
+                  (1, $c) => micro::<S, 1, $c>(xs, w, k, stream, tile),)*
                 _ => unreachable!("tiles are at most ROW_BLOCKS × WIDE_COLS"),
             }
         };
@@ -179,9 +189,10 @@ fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, ti
 }
 
 /// `RB` blocks of rows × `C` weight rows over all of `k`, accumulated in `RB · C`
-/// vector registers; the result goes to `tile` as `[block][col][lane]`.
+/// vector registers; the result goes to `tile` as `[block][col][lane]`. With `stream`,
+/// the weights come from memory and are prefetched.
 #[inline(always)]
-fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usize, tile: &mut [f32]) {
+fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usize, stream: bool, tile: &mut [f32]) {
     let lanes = S::LANES;
     let cols = tile.len() / (ROW_BLOCKS * lanes);
     assert!(xs.len() >= RB * k * lanes && w.len() >= C * k && RB <= ROW_BLOCKS && C <= cols);
@@ -192,10 +203,15 @@ fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usi
         let mut acc = [[S::zero(); C]; RB];
         let mut p0 = 0;
         while p0 < k {
-            for wc in &ws {
-                S::prefetch(wc.wrapping_add(p0 + PREFETCH_AHEAD) as *const u8);
+            if stream {
+                // This step reads one line of each of the C rows: prefetch as many
+                // lines, at the same pace, PREFETCH_AHEAD along the rows' memory.
+                let ahead = w.as_ptr().wrapping_add(p0 * C + PREFETCH_AHEAD);
+                for c in 0..C {
+                    S::prefetch(ahead.wrapping_add(c * LINE_FLOATS) as *const u8);
+                }
             }
-            let p1 = (p0 + 16).min(k);
+            let p1 = (p0 + LINE_FLOATS).min(k);
             for p in p0..p1 {
                 let xv: [S::V; RB] = std::array::from_fn(|b| S::load(xs.as_ptr().add((b * k + p) * lanes)));
                 for c in 0..C {
