@@ -34,6 +34,9 @@ const PANEL_FLOATS: usize = 96 * 1024;
 /// decode step's matrices, `MATMUL_STACK_ROWS=32 examples/matmul_bench`, median of 8
 /// interleaved runs: 87 → 62-75 ms).
 const PREFETCH_AHEAD: usize = 16 * 1024;
+/// How far down each row (in floats) a tile prefetches weights widened into a buffer:
+/// they sit in L2, 12 rows of `k` floats apart.
+const ROW_PREFETCH_AHEAD: usize = 512;
 /// Floats per cache line.
 const LINE_FLOATS: usize = 16;
 
@@ -134,7 +137,7 @@ fn compute_columns<S: Simd, W: Elem>(
             for b in (b0..b1).step_by(ROW_BLOCKS) {
                 let rb = ROW_BLOCKS.min(b1 - b);
                 let xs = &packed[b * k * lanes..(b + rb) * k * lanes];
-                // Widened weights are already in cache; `widen` prefetches the next group.
+                // Widened weights are in L2 (`widen` prefetches the next group from memory).
                 outer_tile::<S>(xs, weights, k, rb, nc, W::IS_F32, &mut tile);
                 scatter(&tile, out, shape, b * lanes, j, rb * lanes, nc, lanes);
             }
@@ -190,7 +193,8 @@ fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, st
 
 /// `RB` blocks of rows × `C` weight rows over all of `k`, accumulated in `RB · C`
 /// vector registers; the result goes to `tile` as `[block][col][lane]`. With `stream`,
-/// the weights come from memory and are prefetched.
+/// the weights come from memory and are prefetched along it; else from a buffer in L2,
+/// prefetched down each row.
 #[inline(always)]
 fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usize, stream: bool, tile: &mut [f32]) {
     let lanes = S::LANES;
@@ -209,6 +213,10 @@ fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usi
                 let ahead = w.as_ptr().wrapping_add(p0 * C + PREFETCH_AHEAD);
                 for c in 0..C {
                     S::prefetch(ahead.wrapping_add(c * LINE_FLOATS) as *const u8);
+                }
+            } else {
+                for wc in &ws {
+                    S::prefetch(wc.wrapping_add(p0 + ROW_PREFETCH_AHEAD) as *const u8);
                 }
             }
             let p1 = (p0 + LINE_FLOATS).min(k);
