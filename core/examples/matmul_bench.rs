@@ -107,16 +107,24 @@ fn main() -> candle_core::Result<()> {
 
 /// The matrices of one `medium` decode step (16 layers, then the LM head), each fresh
 /// from memory as in a real step: effective GB/s of the whole stack at `m` rows.
+/// `MATMUL_STACK_F16=1` stores them in f16.
 fn stack(m: usize) {
+    if std::env::var_os("MATMUL_STACK_F16").is_some() {
+        return stack_of::<half::f16>(m, half::f16::from_f32(0.01));
+    }
+    stack_of::<f32>(m, 0.01)
+}
+
+fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize, value: W) {
     let layer = [(1024usize, 2048usize), (1024, 1024), (1024, 6144), (3072, 1024)];
-    let mut mats: Vec<(usize, usize, Vec<f32>)> = Vec::new();
+    let mut mats: Vec<(usize, usize, Vec<W>)> = Vec::new();
     for _ in 0..16 {
         for &(k, n) in &layer {
-            mats.push((k, n, vec![0.01f32; k * n]));
+            mats.push((k, n, vec![value; k * n]));
         }
     }
-    mats.push((1024, 151_936, vec![0.01f32; 1024 * 151_936]));
-    let bytes: usize = mats.iter().map(|(k, n, _)| k * n * 4).sum();
+    mats.push((1024, 151_936, vec![value; 1024 * 151_936]));
+    let bytes: usize = mats.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
     let x = vec![1.0f32; m * 6144];
     let mut y = vec![0f32; m * 151_936];
     let t = best_of(5, || {

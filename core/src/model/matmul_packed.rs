@@ -39,6 +39,7 @@ const PREFETCH_AHEAD: usize = 16 * 1024;
 const ROW_PREFETCH_AHEAD: usize = 512;
 /// Floats per cache line.
 const LINE_FLOATS: usize = 16;
+const LINE_BYTES: usize = 64;
 
 /// [`matmul_xwt_packed`] on the active [`KernelPath`](super::simd::KernelPath).
 pub fn matmul_xwt_many<W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
@@ -137,24 +138,45 @@ fn compute_columns<S: Simd, W: Elem>(
             for b in (b0..b1).step_by(ROW_BLOCKS) {
                 let rb = ROW_BLOCKS.min(b1 - b);
                 let xs = &packed[b * k * lanes..(b + rb) * k * lanes];
-                // Widened weights are in L2 (`widen` prefetches the next group from memory).
-                outer_tile::<S>(xs, weights, k, rb, nc, W::IS_F32, &mut tile);
+                let prefetch = prefetch_plan::<W>(rows, nc, b == b0);
+                outer_tile::<S>(xs, weights, k, rb, nc, prefetch, &mut tile);
                 scatter(&tile, out, shape, b * lanes, j, rb * lanes, nc, lanes);
             }
         }
     }
 }
 
-/// Widens a group of weight rows, and asks for the next group (the rows that follow in
-/// memory) so it arrives while this one is multiplied.
+/// What a tile asks the memory system for while it multiplies.
+#[derive(Clone, Copy)]
+struct Prefetch {
+    /// Memory to walk linearly, `bytes` per step of `LINE_FLOATS` positions along `k`,
+    /// from `from`: where the weights come from memory.
+    linear: Option<(*const u8, usize)>,
+    /// The tile's weight rows themselves, `ROW_PREFETCH_AHEAD` down each: where they
+    /// sit widened in L2.
+    rows: bool,
+}
+
+/// f32 weights stream from memory: walk them `PREFETCH_AHEAD` ahead, into the next
+/// group. Widened weights sit in L2 (prefetched down each row); on the first row
+/// blocks of a panel, the next group's half-precision source is walked too, at the pace
+/// that brings it all in by the end of this tile, so `widen` finds it in cache.
+fn prefetch_plan<W: Elem>(rows: &[W], nc: usize, first_blocks: bool) -> Prefetch {
+    let bytes_per_step = nc * LINE_FLOATS * std::mem::size_of::<W>();
+    if W::IS_F32 {
+        let from = rows.as_ptr().wrapping_add(PREFETCH_AHEAD) as *const u8;
+        return Prefetch { linear: Some((from, bytes_per_step)), rows: false };
+    }
+    let next_group = rows.as_ptr().wrapping_add(rows.len()) as *const u8;
+    Prefetch { linear: first_blocks.then_some((next_group, bytes_per_step)), rows: true }
+}
+
+/// Widens a group of weight rows (which the previous tile prefetched).
 fn widen<S: Simd, W: Elem>(src: &[W], dst: &mut [f32]) {
     let full = src.len() / S::LANES * S::LANES;
-    let next = src.as_ptr().wrapping_add(src.len());
-    // Safety: every vector load and store lies below `full` <= both lengths; prefetches
-    // may point past the end, which is allowed.
+    // Safety: every vector load and store lies below `full` <= both lengths.
     unsafe {
         for p in (0..full).step_by(S::LANES) {
-            S::prefetch(next.wrapping_add(p) as *const u8);
             S::store(dst.as_mut_ptr().add(p), W::load::<S>(src.as_ptr().add(p)));
         }
     }
@@ -178,12 +200,12 @@ fn scatter(tile: &[f32], out: &SharedOut, shape: Shape, row0: usize, j: usize, r
 }
 
 #[allow(clippy::too_many_arguments)]
-fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, stream: bool, tile: &mut [f32]) {
+fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, prefetch: Prefetch, tile: &mut [f32]) {
     macro_rules! dispatch {
         ($($c:literal)*) => {
             match (rb, nc) {
-                $((2, $c) => micro::<S, 2, $c>(xs, w, k, stream, tile),
-                  (1, $c) => micro::<S, 1, $c>(xs, w, k, stream, tile),)*
+                $((2, $c) => micro::<S, 2, $c>(xs, w, k, prefetch, tile),
+                  (1, $c) => micro::<S, 1, $c>(xs, w, k, prefetch, tile),)*
                 _ => unreachable!("tiles are at most ROW_BLOCKS × WIDE_COLS"),
             }
         };
@@ -192,11 +214,15 @@ fn outer_tile<S: Simd>(xs: &[f32], w: &[f32], k: usize, rb: usize, nc: usize, st
 }
 
 /// `RB` blocks of rows × `C` weight rows over all of `k`, accumulated in `RB · C`
-/// vector registers; the result goes to `tile` as `[block][col][lane]`. With `stream`,
-/// the weights come from memory and are prefetched along it; else from a buffer in L2,
-/// prefetched down each row.
+/// vector registers; the result goes to `tile` as `[block][col][lane]`.
 #[inline(always)]
-fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usize, stream: bool, tile: &mut [f32]) {
+fn micro<S: Simd, const RB: usize, const C: usize>(
+    xs: &[f32],
+    w: &[f32],
+    k: usize,
+    prefetch: Prefetch,
+    tile: &mut [f32],
+) {
     let lanes = S::LANES;
     let cols = tile.len() / (ROW_BLOCKS * lanes);
     assert!(xs.len() >= RB * k * lanes && w.len() >= C * k && RB <= ROW_BLOCKS && C <= cols);
@@ -207,14 +233,13 @@ fn micro<S: Simd, const RB: usize, const C: usize>(xs: &[f32], w: &[f32], k: usi
         let mut acc = [[S::zero(); C]; RB];
         let mut p0 = 0;
         while p0 < k {
-            if stream {
-                // This step reads one line of each of the C rows: prefetch as many
-                // lines, at the same pace, PREFETCH_AHEAD along the rows' memory.
-                let ahead = w.as_ptr().wrapping_add(p0 * C + PREFETCH_AHEAD);
-                for c in 0..C {
-                    S::prefetch(ahead.wrapping_add(c * LINE_FLOATS) as *const u8);
+            if let Some((from, bytes)) = prefetch.linear {
+                let at = from.wrapping_add(p0 / LINE_FLOATS * bytes);
+                for offset in (0..bytes).step_by(LINE_BYTES) {
+                    S::prefetch(at.wrapping_add(offset));
                 }
-            } else {
+            }
+            if prefetch.rows {
                 for wc in &ws {
                     S::prefetch(wc.wrapping_add(p0 + ROW_PREFETCH_AHEAD) as *const u8);
                 }
