@@ -1,21 +1,14 @@
 //! Few-row matmul: candle's GEMM against our kernel, on the shapes of the model presets.
 //! `cargo run --release -p tokenrouter-core --example matmul_bench`
 
-use std::time::Instant;
-
 use candle_core::{Device, Tensor};
 use tokenrouter_core::model::matmul::matmul_xwt;
 use tokenrouter_core::model::matmul_packed::matmul_xwt_many;
 
+/// One untimed warm-up call, then the best of `runs`.
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
     f();
-    (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
+    tokenrouter_core::model::machine::best_seconds(runs, f)
 }
 
 fn main() -> candle_core::Result<()> {

@@ -89,7 +89,8 @@ fn gflops(seconds: f64) -> f64 {
     2.0 * (GEMM_N * GEMM_N * GEMM_N) as f64 / seconds / 1e9
 }
 
-fn best_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
+/// The fastest of `runs` timed calls of `f`, in seconds (benchmarks share it).
+pub fn best_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
     (0..runs)
         .map(|_| {
             let t = Instant::now();
