@@ -103,12 +103,13 @@ fn main() -> candle_core::Result<()> {
 /// `MATMUL_STACK_F16=1` stores them in f16.
 fn stack(m: usize) {
     if std::env::var_os("MATMUL_STACK_F16").is_some() {
-        return stack_of::<half::f16>(m, half::f16::from_f32(0.01));
+        return stack_of::<half::f16>(m);
     }
-    stack_of::<f32>(m, 0.01)
+    stack_of::<f32>(m)
 }
 
-fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize, value: W) {
+fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
+    let value = W::from_f32(0.01);
     let layer = [(1024usize, 2048usize), (1024, 1024), (1024, 6144), (3072, 1024)];
     let mut mats: Vec<(usize, usize, Vec<W>)> = Vec::new();
     for _ in 0..16 {

@@ -5,8 +5,6 @@
 //!
 //! `cargo run --release -p tokenrouter-core --example qmatmul_bench -- [ROUNDS]`
 
-use std::time::Instant;
-
 use tokenrouter_core::model::qmatmul::{matmul, Format};
 
 /// (rows, cols, format) per layer, then the head.
@@ -36,15 +34,7 @@ fn main() {
     println!("{} MB of weights, {} threads", total / 1_000_000, rayon::current_num_threads());
     // Best of `rounds` passes: on a shared machine the fastest pass is the one least
     // disturbed by other work.
-    let best = |f: &mut dyn FnMut()| {
-        (0..rounds)
-            .map(|_| {
-                let started = Instant::now();
-                f();
-                started.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
+    let best = |f: &mut dyn FnMut()| tokenrouter_core::model::machine::best_seconds(rounds, f);
     let seconds = best(&mut || {
         let sink = matrices.iter().fold(0u64, |s, m| s ^ plain_read(&m.bytes));
         std::hint::black_box(sink);

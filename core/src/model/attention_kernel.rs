@@ -66,8 +66,8 @@ pub fn attend_tile<'c, S: Simd, E: Elem>(
         // ask for the next one while this one is computed.
         if let Some(&next) = blocks.get(bi + 1).filter(|_| start + block_size < widest) {
             let kv = block(next);
-            prefetch::<S, E>(kv.keys_t);
-            prefetch::<S, E>(kv.values);
+            S::prefetch_bytes(kv.keys_t.as_ptr() as *const u8, std::mem::size_of_val(kv.keys_t));
+            S::prefetch_bytes(kv.values.as_ptr() as *const u8, std::mem::size_of_val(kv.values));
         }
         let kv = block(id);
         debug_assert!(kv.keys_t.len() >= hd * block_size && kv.values.len() >= block_size * hd);
@@ -82,16 +82,6 @@ pub fn attend_tile<'c, S: Simd, E: Elem>(
     for (o, d) in out.chunks_exact_mut(hd).zip(&denom) {
         let inv = 1.0 / d;
         o.iter_mut().for_each(|x| *x *= inv);
-    }
-}
-
-/// Asks for every cache line of `values`.
-fn prefetch<S: Simd, E: Elem>(values: &[E]) {
-    const LINE: usize = 64;
-    let bytes = std::mem::size_of_val(values);
-    let base = values.as_ptr() as *const u8;
-    for offset in (0..bytes).step_by(LINE) {
-        S::prefetch(base.wrapping_add(offset));
     }
 }
 

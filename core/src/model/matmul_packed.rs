@@ -14,7 +14,7 @@
 use rayon::prelude::*;
 
 use super::matmul::SharedOut;
-use super::simd::{with_active_simd, Elem, Simd};
+use super::simd::{with_active_simd, Elem, Simd, CACHE_LINE_BYTES};
 
 /// Blocks of `LANES` rows per tile: each broadcast weight feeds this many FMAs.
 const ROW_BLOCKS: usize = 2;
@@ -31,15 +31,14 @@ const PANEL_FLOATS: usize = 96 * 1024;
 /// group, so the tile walks that memory linearly, as far ahead as the L2 holds well:
 /// the next group arrives while this one is multiplied, where prefetching 512 floats
 /// down each row left every group's first lines to be missed on (a `medium` 32-row
-/// decode step's matrices, `MATMUL_STACK_ROWS=32 examples/matmul_bench`, median of 8
-/// interleaved runs: 87 → 62-75 ms).
+/// decode step's matrices, `MATMUL_STACK_ROWS=32 examples/matmul_bench`, 10 interleaved
+/// old/new pairs: median ratio 0.86, medians 91 → 78 ms).
 const PREFETCH_AHEAD: usize = 16 * 1024;
 /// How far down each row (in floats) a tile prefetches weights widened into a buffer:
 /// they sit in L2, 12 rows of `k` floats apart.
 const ROW_PREFETCH_AHEAD: usize = 512;
 /// Floats per cache line.
-const LINE_FLOATS: usize = 16;
-const LINE_BYTES: usize = 64;
+const LINE_FLOATS: usize = CACHE_LINE_BYTES / 4;
 
 /// [`matmul_xwt_packed`] on the active [`KernelPath`](super::simd::KernelPath).
 pub fn matmul_xwt_many<W: Elem>(x: &[f32], w: &[W], y: &mut [f32], m: usize, k: usize, n: usize) {
@@ -234,10 +233,7 @@ fn micro<S: Simd, const RB: usize, const C: usize>(
         let mut p0 = 0;
         while p0 < k {
             if let Some((from, bytes)) = prefetch.linear {
-                let at = from.wrapping_add(p0 / LINE_FLOATS * bytes);
-                for offset in (0..bytes).step_by(LINE_BYTES) {
-                    S::prefetch(at.wrapping_add(offset));
-                }
+                S::prefetch_bytes(from.wrapping_add(p0 / LINE_FLOATS * bytes), bytes);
             }
             if prefetch.rows {
                 for wc in &ws {

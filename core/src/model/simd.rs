@@ -44,7 +44,17 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// masked score contributes nothing.
     fn exp(x: Self::V) -> Self::V;
     fn prefetch(p: *const u8);
+    /// Asks for every cache line of `bytes` bytes from `start` (which need not be
+    /// readable: a prefetch never faults).
+    fn prefetch_bytes(start: *const u8, bytes: usize) {
+        for offset in (0..bytes).step_by(CACHE_LINE_BYTES) {
+            Self::prefetch(start.wrapping_add(offset));
+        }
+    }
 }
+
+/// The cache line of every CPU we build for.
+pub const CACHE_LINE_BYTES: usize = 64;
 
 /// A stored element the kernels widen to f32 as they load it (weights, K/V): f32, f16
 /// or bf16. Sums stay f32.
