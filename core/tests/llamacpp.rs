@@ -178,7 +178,9 @@ fn written_gguf_files_load_with_their_config_and_quantized_types_stay_close() {
     let prompt = tokens(6, 24);
     let mut reference = load(dir.path(), BackendKind::Llamacpp, 512);
     let want = greedy(reference.as_mut(), &prompt, 0).remove(0);
-    for (ty, tolerance) in [(GgufType::F32, 1e-3), (GgufType::F16, 0.02), (GgufType::Q8_0, 0.05)] {
+    for (ty, tolerance) in
+        [(GgufType::F32, 1e-3), (GgufType::F16, 0.02), (GgufType::Bf16, 0.05), (GgufType::Q8_0, 0.05)]
+    {
         let file = dir.path().join(format!("model-{ty:?}.gguf"));
         write_gguf(dir.path(), &file, ty).unwrap();
         let from_file = read_model_config(&file).unwrap();

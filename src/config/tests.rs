@@ -128,6 +128,9 @@ server: {port: 0, max_body_bytes: 0, max_queued_requests: 0, max_tokens_limit: 0
 fn quantized_types_and_gguf_files_need_the_llamacpp_backend() {
     let config = parse("models: [{name: m, preset: tiny, backend: llamacpp, dtype: q8_0}]").unwrap();
     assert_eq!((config.models[0].backend, config.models[0].dtype), (BackendKind::Llamacpp, WeightDtype::Q8_0));
+    // bf16 runs on either backend.
+    let config = parse("models: [{name: m, preset: tiny, dtype: bf16}]").unwrap();
+    assert_eq!((config.models[0].backend, config.models[0].dtype), (BackendKind::Candle, WeightDtype::Bf16));
     assert_eq!(parse("models: [{name: m, preset: tiny}]").unwrap().models[0].backend, BackendKind::Candle);
     let e = refused("models: [{name: m, preset: tiny, dtype: q4_k}]");
     assert!(e.mentions("models[0].dtype") && e.to_string().contains("backend: llamacpp"), "{e}");

@@ -85,6 +85,9 @@ pub trait Backend: Send {
 pub enum WeightDtype {
     F32,
     F16,
+    /// f32's range with 8 bits of mantissa: a bf16 checkpoint keeps its exact weights
+    /// at half of f32's bytes.
+    Bf16,
     #[serde(rename = "q8_0")]
     Q8_0,
     #[serde(rename = "q4_k")]
@@ -96,6 +99,7 @@ impl WeightDtype {
         match self {
             WeightDtype::F32 => Ok(DType::F32),
             WeightDtype::F16 => Ok(DType::F16),
+            WeightDtype::Bf16 => Ok(DType::BF16),
             quantized => Err(ModelError::Unsupported(format!(
                 "dtype {} runs on the llama.cpp backend only (backend: llamacpp)",
                 quantized.as_str()
@@ -107,6 +111,7 @@ impl WeightDtype {
         match self {
             WeightDtype::F32 => GgufType::F32,
             WeightDtype::F16 => GgufType::F16,
+            WeightDtype::Bf16 => GgufType::Bf16,
             WeightDtype::Q8_0 => GgufType::Q8_0,
             WeightDtype::Q4K => GgufType::Q4K,
         }
@@ -116,6 +121,7 @@ impl WeightDtype {
         match self {
             WeightDtype::F32 => "f32",
             WeightDtype::F16 => "f16",
+            WeightDtype::Bf16 => "bf16",
             WeightDtype::Q8_0 => "q8_0",
             WeightDtype::Q4K => "q4_k",
         }
@@ -125,7 +131,7 @@ impl WeightDtype {
     pub fn bytes_per_weight(self) -> f64 {
         match self {
             WeightDtype::F32 => 4.0,
-            WeightDtype::F16 => 2.0,
+            WeightDtype::F16 | WeightDtype::Bf16 => 2.0,
             WeightDtype::Q8_0 => 34.0 / 32.0,
             WeightDtype::Q4K => 144.0 / 256.0,
         }
@@ -138,11 +144,12 @@ impl std::str::FromStr for WeightDtype {
         match s {
             "f32" | "float32" => Ok(WeightDtype::F32),
             "f16" | "float16" => Ok(WeightDtype::F16),
+            "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
             "q8_0" => Ok(WeightDtype::Q8_0),
             "q4_k" => Ok(WeightDtype::Q4K),
             other => Err(format!(
-                "dtype {other:?} is not supported: use f32 or f16 (bf16 checkpoints load as either), or q8_0/q4_k with \
-                 the llama.cpp backend"
+                "dtype {other:?} is not supported: use f32, f16 or bf16 (checkpoints in any of them convert on load), \
+                 or q8_0/q4_k with the llama.cpp backend"
             )),
         }
     }

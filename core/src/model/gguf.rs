@@ -1,6 +1,6 @@
 //! Writing a Hugging Face folder (config, safetensors, tokenizer.json) as one GGUF file
 //! that llama.cpp loads: llama.cpp's tensor names and hyper-parameter keys, the GPT-2
-//! style BPE vocabulary with merges, and weights in f32, f16, q8_0 or q4_k.
+//! style BPE vocabulary with merges, and weights in f32, f16, bf16, q8_0 or q4_k.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,6 +20,7 @@ use super::weights::Checkpoint;
 pub enum GgufType {
     F32,
     F16,
+    Bf16,
     Q8_0,
     Q4K,
 }
@@ -31,9 +32,10 @@ impl std::str::FromStr for GgufType {
         match s {
             "f32" => Ok(GgufType::F32),
             "f16" => Ok(GgufType::F16),
+            "bf16" => Ok(GgufType::Bf16),
             "q8_0" => Ok(GgufType::Q8_0),
             "q4_k" => Ok(GgufType::Q4K),
-            other => Err(format!("unknown GGUF type {other:?}; use f32, f16, q8_0 or q4_k")),
+            other => Err(format!("unknown GGUF type {other:?}; use f32, f16, bf16, q8_0 or q4_k")),
         }
     }
 }
@@ -43,6 +45,7 @@ impl GgufType {
         match self {
             GgufType::F32 => GgmlDType::F32,
             GgufType::F16 => GgmlDType::F16,
+            GgufType::Bf16 => GgmlDType::BF16,
             GgufType::Q8_0 => GgmlDType::Q8_0,
             GgufType::Q4K => GgmlDType::Q4K,
         }
@@ -53,6 +56,7 @@ impl GgufType {
         match self {
             GgufType::F32 => 0,
             GgufType::F16 => 1,
+            GgufType::Bf16 => 32,
             GgufType::Q8_0 => 7,
             GgufType::Q4K => 15,
         }
