@@ -98,7 +98,7 @@ fn main() -> candle_core::Result<()> {
     Ok(())
 }
 
-/// The matrices of one `medium` decode step (16 layers, then the LM head), each fresh
+/// The matrices of one `medium` (or `small`) decode step (16 layers, then the LM head), each fresh
 /// from memory as in a real step: effective GB/s of the whole stack at `m` rows.
 /// `MATMUL_STACK_F16=1` stores them in f16.
 fn stack(m: usize) {
@@ -110,14 +110,17 @@ fn stack(m: usize) {
 
 fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
     let value = W::from_f32(0.01);
-    let layer = [(1024usize, 2048usize), (1024, 1024), (1024, 6144), (3072, 1024)];
+    // `MATMUL_STACK_SMALL=1`: the `small` preset's step instead.
+    let small = std::env::var_os("MATMUL_STACK_SMALL").is_some();
+    let (hidden, layers) = if small { (512, 8) } else { (1024, 16) };
+    let layer = [(hidden, 2 * hidden), (hidden, hidden), (hidden, 6 * hidden), (3 * hidden, hidden)];
     let mut mats: Vec<(usize, usize, Vec<W>)> = Vec::new();
-    for _ in 0..16 {
+    for _ in 0..layers {
         for &(k, n) in &layer {
             mats.push((k, n, vec![value; k * n]));
         }
     }
-    mats.push((1024, 151_936, vec![value; 1024 * 151_936]));
+    mats.push((hidden, 151_936, vec![value; hidden * 151_936]));
     let bytes: usize = mats.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
     let x = vec![1.0f32; m * 6144];
     let mut y = vec![0f32; m * 151_936];

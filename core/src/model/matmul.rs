@@ -80,13 +80,13 @@ fn compute_columns<S: Simd, W: Elem>(
     n1: usize,
 ) {
     // Under PACKED_MIN_ROWS rows, all of x stays in cache while each W row meets it.
-    let step = w_rows_per_tile(m);
+    let (x_step, w_step) = tile_shape(m, chains::<S, W>());
     let mut j = n0;
     while j < n1 {
-        let nr = step.min(n1 - j);
+        let nr = w_step.min(n1 - j);
         let mut i = 0;
         while i < m {
-            let mr = MR.min(m - i);
+            let mr = x_step.min(m - i);
             let mut acc = [[0f32; NR]; MR];
             tile::<S, W>(x, w, k, i, j, mr, nr, &mut acc);
             for (a, row) in acc.iter().enumerate().take(mr) {
@@ -102,15 +102,35 @@ fn compute_columns<S: Simd, W: Elem>(
     }
 }
 
-/// With few rows of `x` the kernel is a weight stream, and the memory system serves a
-/// single sequential stream best (measured: one row at a time reaches the read
-/// bandwidth, four interleaved rows ~75% of it). With more rows, reuse of each loaded
-/// vector across a 4 × 4 register block matters more.
-fn w_rows_per_tile(x_rows: usize) -> usize {
-    match x_rows {
-        1 => 1,
-        2..=8 => 2,
-        _ => NR,
+/// Rows of `x` and of `W` per tile. With few rows of `x` the kernel is a weight
+/// stream, and the memory system serves a single sequential stream best (measured: one
+/// row at a time reaches the read bandwidth, four interleaved rows ~75% of it). With
+/// more rows, reuse of each loaded vector across a 4 × 4 register block matters more,
+/// where the registers allow it. Two chains per dot product leave AVX2 room for 12
+/// accumulators: one W row against up to 4 rows of `x`, then 3 × 2, which reads `x`
+/// half as often (`MATMUL_STACK_F16=1 MATMUL_STACK_ROWS=8`, `medium`: 98 → 70 ms).
+fn tile_shape(x_rows: usize, chains: usize) -> (usize, usize) {
+    match (x_rows, chains) {
+        (1, _) => (1, 1),
+        (2..=4, 2) => (MR, 1),
+        (_, 2) => (3, 2),
+        (2..=8, _) => (MR, 2),
+        _ => (MR, NR),
+    }
+}
+
+/// Independent FMA chains per dot product. Half-precision weights on 8-lane paths sum
+/// the vectors at even and odd positions of `k` apart: one chain there waits on FMA
+/// latency at ≈ 4 B/cycle/core, too close to two cores' share of the read bandwidth
+/// (`MATMUL_STACK_SMALL=1 MATMUL_STACK_F16=1 MATMUL_STACK_ROWS=1,2`, 8 interleaved
+/// runs: 12.8 → 11.0 ms at 1 row, 16.8 → 12.4 at 2). f32 weights and AVX-512's
+/// 64-byte vectors outrun memory with one. Every tile shape uses the same chains, so
+/// a row's result does not depend on the rows batched with it.
+const fn chains<S: Simd, W: Elem>() -> usize {
+    if S::LANES == 8 && !W::IS_F32 {
+        2
+    } else {
+        1
     }
 }
 
@@ -129,7 +149,11 @@ fn tile<S: Simd, W: Elem>(
     macro_rules! dispatch {
         ($($a:literal $b:literal),*) => {
             match (mr, nr) {
-                $(($a, $b) => micro::<$a, $b, S, W>(x, w, k, i, j, acc),)*
+                $(($a, $b) => if chains::<S, W>() == 2 {
+                    micro::<$a, $b, 2, S, W>(x, w, k, i, j, acc)
+                } else {
+                    micro::<$a, $b, 1, S, W>(x, w, k, i, j, acc)
+                },)*
                 _ => unreachable!("tile sizes are at most MR × NR"),
             }
         };
@@ -138,9 +162,11 @@ fn tile<S: Simd, W: Elem>(
         1 4, 1 3, 1 2, 1 1);
 }
 
-/// A `R × C` block of dot products, accumulated in `R · C` vector registers.
+/// A `R × C` block of dot products, accumulated in `R · C · G` vector registers:
+/// vector `v` of `k` goes to chain `v mod G`, the chains are added in order, then the
+/// lanes, then the tail under one vector.
 #[inline(always)]
-fn micro<const R: usize, const C: usize, S: Simd, W: Elem>(
+fn micro<const R: usize, const C: usize, const G: usize, S: Simd, W: Elem>(
     x: &[f32],
     w: &[W],
     k: usize,
@@ -152,29 +178,36 @@ fn micro<const R: usize, const C: usize, S: Simd, W: Elem>(
     let ws: [&[W]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
     let full = k / S::LANES * S::LANES;
     let ahead = prefetch_ahead(C);
-    // Safety: every load reads LANES floats at p < full <= k from rows of length k.
+    // Safety: every load reads LANES elements at q < full <= k from rows of length k.
     let acc = unsafe {
-        let mut acc = [[S::zero(); C]; R];
+        let mut acc = [[[S::zero(); C]; R]; G];
         let mut p = 0;
         while p < full {
             // The weights stream from memory; ask for the next lines early.
             for b in 0..C {
                 S::prefetch(ws[b].as_ptr().wrapping_add(p + ahead) as *const u8);
             }
-            let wv: [S::V; C] = std::array::from_fn(|b| W::load::<S>(ws[b].as_ptr().add(p)));
-            for a in 0..R {
-                let xv = S::load(xs[a].as_ptr().add(p));
-                for b in 0..C {
-                    acc[a][b] = S::fma(xv, wv[b], acc[a][b]);
+            for (g, acc) in acc.iter_mut().enumerate() {
+                let q = p + g * S::LANES;
+                if q >= full {
+                    break;
+                }
+                let wv: [S::V; C] = std::array::from_fn(|b| W::load::<S>(ws[b].as_ptr().add(q)));
+                for a in 0..R {
+                    let xv = S::load(xs[a].as_ptr().add(q));
+                    for b in 0..C {
+                        acc[a][b] = S::fma(xv, wv[b], acc[a][b]);
+                    }
                 }
             }
-            p += S::LANES;
+            p += G * S::LANES;
         }
         acc
     };
     for a in 0..R {
         for b in 0..C {
-            let mut s = S::sum(acc[a][b]);
+            let chained = acc[1..].iter().fold(acc[0][a][b], |t, chain| S::add(t, chain[a][b]));
+            let mut s = S::sum(chained);
             for q in full..k {
                 s += xs[a][q] * ws[b][q].to_f32();
             }
