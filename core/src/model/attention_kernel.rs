@@ -14,11 +14,32 @@ use super::simd::{exp_scalar, Elem, Simd};
 /// Floats per tile row in the score buffer: the largest block, a multiple of every
 /// vector width.
 pub const SCORE_STRIDE: usize = 128;
-/// Query rows per score micro-kernel call.
-const SCORE_ROWS: usize = 8;
-/// Query rows and value vectors per weighted-sum micro-kernel call.
-const VALUE_ROWS: usize = 4;
+/// Value vectors per weighted-sum micro-kernel call.
 const VALUE_VECTORS: usize = 4;
+
+/// Query rows per score micro-kernel call: with two vectors of keys, 8 × 2
+/// accumulators where AVX-512's 32 registers are named, 6 × 2 in 16, so that the
+/// tile is not spilled to the stack on every key dimension (`examples/attention_bench`
+/// on AVX2, a 2,048-token prefill of one `small` layer, with the weighted sum below:
+/// 79 → 42 ms; 4 rows here was slower than 6).
+fn score_rows<S: Simd>() -> usize {
+    if S::REGISTERS >= 32 {
+        8
+    } else {
+        6
+    }
+}
+
+/// Query rows per weighted-sum micro-kernel call, against [`VALUE_VECTORS`] vectors:
+/// 4 × 4 accumulators in 32 registers, 2 × 4 in 16 (3 × 4 spilled: 51 against 42 ms
+/// in the measurement above).
+fn value_rows<S: Simd>() -> usize {
+    if S::REGISTERS >= 32 {
+        4
+    } else {
+        2
+    }
+}
 
 /// One tile's queries: `context.len()` query vectors of `head_dim` floats, row-major in
 /// `q`, and how many positions (from 0) each may see.
@@ -102,13 +123,13 @@ fn block_scores<S: Simd, E: Elem>(
         let pair = j + 2 * S::LANES <= bs && j + S::LANES < n;
         let mut r = 0;
         while r < rows {
-            let rr = SCORE_ROWS.min(rows - r);
+            let rr = score_rows::<S>().min(rows - r);
             macro_rules! dispatch {
                 ($($a:literal),*) => {
                     match (rr, pair) {
                         $(($a, true) => score_micro::<S, E, $a, 2>(q, r, hd, keys_t, bs, j, scores),
                           ($a, false) => score_micro::<S, E, $a, 1>(q, r, hd, keys_t, bs, j, scores),)*
-                        _ => unreachable!("at most SCORE_ROWS rows"),
+                        _ => unreachable!("at most 8 rows"),
                     }
                 };
             }
@@ -216,12 +237,12 @@ fn weighted_values<S: Simd, E: Elem>(
         let cv = VALUE_VECTORS.min((vector_cols - c0) / S::LANES);
         let mut r = 0;
         while r < rows {
-            let rr = VALUE_ROWS.min(rows - r);
+            let rr = value_rows::<S>().min(rows - r);
             macro_rules! dispatch {
                 ($($a:literal $b:literal),*) => {
                     match (rr, cv) {
                         $(($a, $b) => value_micro::<S, E, $a, $b>(weights, r, hd, values, c0, n, correction, out),)*
-                        _ => unreachable!("at most VALUE_ROWS × VALUE_VECTORS"),
+                        _ => unreachable!("at most 4 × VALUE_VECTORS"),
                     }
                 };
             }
