@@ -178,32 +178,33 @@ fn micro<const R: usize, const C: usize, const G: usize, S: Simd, W: Elem>(
     let ws: [&[W]; C] = std::array::from_fn(|b| &w[(j + b) * k..(j + b + 1) * k]);
     let full = k / S::LANES * S::LANES;
     let ahead = prefetch_ahead(C);
-    // Safety: every load reads LANES elements at q < full <= k from rows of length k.
-    let acc = unsafe {
-        let mut acc = [[[S::zero(); C]; R]; G];
-        let mut p = 0;
-        while p < full {
-            // The weights stream from memory; ask for the next lines early.
+    // One vector of every x row against one vector of every W row, at q, into a chain.
+    // Safety (of the calls below): q + LANES <= full <= k, inside rows of length k.
+    let step = |chain: &mut [[S::V; C]; R], q: usize| unsafe {
+        let wv: [S::V; C] = std::array::from_fn(|b| W::load::<S>(ws[b].as_ptr().add(q)));
+        for a in 0..R {
+            let xv = S::load(xs[a].as_ptr().add(q));
             for b in 0..C {
-                S::prefetch(ws[b].as_ptr().wrapping_add(p + ahead) as *const u8);
+                chain[a][b] = S::fma(xv, wv[b], chain[a][b]);
             }
-            for (g, acc) in acc.iter_mut().enumerate() {
-                let q = p + g * S::LANES;
-                if q >= full {
-                    break;
-                }
-                let wv: [S::V; C] = std::array::from_fn(|b| W::load::<S>(ws[b].as_ptr().add(q)));
-                for a in 0..R {
-                    let xv = S::load(xs[a].as_ptr().add(q));
-                    for b in 0..C {
-                        acc[a][b] = S::fma(xv, wv[b], acc[a][b]);
-                    }
-                }
-            }
-            p += G * S::LANES;
         }
-        acc
     };
+    let mut acc = [[[S::zero(); C]; R]; G];
+    let mut p = 0;
+    while p + G * S::LANES <= full {
+        // The weights stream from memory; ask for the next lines early.
+        for b in 0..C {
+            S::prefetch(ws[b].as_ptr().wrapping_add(p + ahead) as *const u8);
+        }
+        for (g, chain) in acc.iter_mut().enumerate() {
+            step(chain, p + g * S::LANES);
+        }
+        p += G * S::LANES;
+    }
+    // Fewer than G vectors left: they belong to the first chains, in order.
+    for (chain, q) in acc.iter_mut().zip((p..full).step_by(S::LANES)) {
+        step(chain, q);
+    }
     for a in 0..R {
         for b in 0..C {
             let chained = acc[1..].iter().fold(acc[0][a][b], |t, chain| S::add(t, chain[a][b]));
@@ -241,7 +242,8 @@ mod tests {
     }
 
     fn odd_shapes_match<S: Simd>() {
-        let small = (1..=40).flat_map(|m| [(m, 19, 7), (m, 33, 10), (m, 70, 5)]);
+        // k = 44: an odd number of 8-lane vectors, so one chain takes a vector more.
+        let small = (1..=40).flat_map(|m| [(m, 19, 7), (m, 33, 10), (m, 44, 6), (m, 70, 5)]);
         let packed = [(33, 70, 25), (17, 3000, 13), (200, 1000, 30), (47, 5, 1), (20, 0, 3), (5, 0, 3)];
         for (m, k, n) in small.chain(packed) {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
@@ -261,6 +263,35 @@ mod tests {
             check(&y, wb16.iter().map(|v| v.to_f32()).collect(), "bf16");
             matmul_xwt_on::<S, _>(&x, &w, &mut y, m, k, n);
             check(&y, w.clone(), "f32");
+        }
+    }
+
+    /// The engine's reference property rests on this: under [`PACKED_MIN_ROWS`] rows,
+    /// a row of `y` is bit-equal whichever rows it is batched with (every tile shape
+    /// sums in the same order), for every weight type on every path.
+    #[test]
+    fn few_rows_are_bit_equal_alone_and_in_a_batch_on_every_path() {
+        for_each_simd!(S => {
+            rows_alone_match_batched::<S, f32>();
+            rows_alone_match_batched::<S, half::f16>();
+            rows_alone_match_batched::<S, half::bf16>();
+        });
+    }
+
+    fn rows_alone_match_batched<S: Simd, W: Elem>() {
+        for &(k, n) in &[(44usize, 9usize), (512, 13), (1000, 7)] {
+            let x: Vec<f32> = (0..11 * k).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1).collect();
+            let w: Vec<W> = (0..n * k).map(|i| W::from_f32(((i * 5 % 19) as f32 - 9.0) * 0.1)).collect();
+            let mut alone = vec![0f32; 11 * n];
+            for r in 0..11 {
+                matmul_xwt_on::<S, W>(&x[r * k..(r + 1) * k], &w, &mut alone[r * n..(r + 1) * n], 1, k, n);
+            }
+            for m in 2..PACKED_MIN_ROWS {
+                let mut y = vec![f32::NAN; m * n];
+                matmul_xwt_on::<S, W>(&x[..m * k], &w, &mut y, m, k, n);
+                let same = y.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{m} rows, k {k}: a row differs from the same row alone");
+            }
         }
     }
 
