@@ -64,7 +64,15 @@ fn main() -> candle_core::Result<()> {
     let rows: Vec<usize> = std::env::var("MATMUL_ROWS")
         .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
         .unwrap_or_else(|_| vec![1, 8, 32, 64]);
-    let shapes = [(512, 3072), (1536, 512), (512, 151_936), (1024, 6144), (3072, 1024), (1024, 2048)];
+    // MATMUL_SHAPES=k:n,k:n times other (k, n) weight shapes.
+    let shapes: Vec<(usize, usize)> = std::env::var("MATMUL_SHAPES")
+        .map(|v| {
+            v.split(',')
+                .filter_map(|s| s.split_once(':'))
+                .filter_map(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)))
+                .collect()
+        })
+        .unwrap_or_else(|_| vec![(512, 3072), (1536, 512), (512, 151_936), (1024, 6144), (3072, 1024), (1024, 2048)]);
     println!("{:>5} {:>6} {:>7} {:>11} {:>11} {:>8} {:>9}", "m", "k", "n", "candle ms", "ours ms", "GB/s", "GFLOP/s");
     println!("(then: packed ms, f16 ours ms, f16 packed ms)");
     for &(k, n) in &shapes {
