@@ -1,9 +1,11 @@
 //! Times decode steps of one model at one batch size, nothing else (for perf).
 //! `cargo run --release -p tokenrouter-core --example decode_bench -- DIR BATCH STEPS`
+//! With `DECODE_HUGE_PAIRED=small,huge` (or `huge,small`): the model loaded twice, on 4 KiB and on 2 MiB pages,
+//! stepped alternately, and the median of the paired step-time ratios.
 
 use std::time::Instant;
 
-use tokenrouter_core::model::{Backend, CandleBackend, LoadOptions, RowInput};
+use tokenrouter_core::model::{Backend, CandleBackend, KvSeq, LoadOptions, RowInput};
 
 fn main() {
     tokenrouter_core::model::threads::configure(None);
@@ -11,24 +13,86 @@ fn main() {
     let dir = std::path::PathBuf::from(&args[1]);
     let batch: usize = args[2].parse().unwrap();
     let steps: usize = args[3].parse().unwrap();
-    let mut b = CandleBackend::load(&dir, &LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() }).unwrap();
-    let mut seqs: Vec<_> = (0..batch).map(|_| b.new_sequence()).collect();
-    let prompts: Vec<Vec<u32>> = (0..batch).map(|r| (0..128).map(|i| (r * 131 + i * 7) as u32).collect()).collect();
-    let mut rows: Vec<RowInput> =
-        seqs.iter_mut().zip(&prompts).map(|(kv, t)| RowInput { kv, tokens: t, start: 0 }).collect();
-    b.forward(&mut rows, false).unwrap();
+    if std::env::var_os("DECODE_HUGE_PAIRED").is_some() {
+        return huge_against_small_pages(&dir, batch, steps);
+    }
+    let mut model = Model::load(&dir, batch);
     let t = Instant::now();
     for step in 0..steps {
+        model.step(step);
+    }
+    let per = t.elapsed().as_secs_f64() / steps as f64;
+    println!("batch {batch}: {:.2} ms/step, {:.0} tok/s", per * 1e3, batch as f64 / per);
+}
+
+fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
+    // Loaded in the order DECODE_HUGE_PAIRED names ("small,huge" or "huge,small"): the
+    // model loaded second has measured up to 5% faster with both on small pages.
+    let order = std::env::var("DECODE_HUGE_PAIRED").unwrap_or_default();
+    let load = |huge: bool| {
+        std::env::set_var("TOKENROUTER_HUGE_PAGES", if huge { "on" } else { "off" });
+        Model::load(dir, batch)
+    };
+    let (mut small, mut huge) = if order.starts_with("huge") {
+        let huge = load(true);
+        (load(false), huge)
+    } else {
+        let small = load(false);
+        (small, load(true))
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for step in 0..steps {
+        a.push(small.timed_step(step));
+        b.push(huge.timed_step(step));
+    }
+    let med = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let ratios: Vec<f64> = a.iter().zip(&b).map(|(s, h)| h / s).collect();
+    println!(
+        "batch {batch}: 4K median {:.2} ms, 2M median {:.2} ms, paired 2M/4K median {:.3}",
+        med(&a) * 1e3,
+        med(&b) * 1e3,
+        med(&ratios)
+    );
+}
+
+struct Model {
+    backend: CandleBackend,
+    seqs: Vec<KvSeq>,
+}
+
+impl Model {
+    /// The model with `batch` sequences of 128 prompt tokens each.
+    fn load(dir: &std::path::Path, batch: usize) -> Model {
+        let options = LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() };
+        let mut backend = CandleBackend::load(dir, &options).unwrap();
+        let mut seqs: Vec<_> = (0..batch).map(|_| backend.new_sequence()).collect();
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|r| (0..128).map(|i| (r * 131 + i * 7) as u32).collect()).collect();
+        let mut rows: Vec<RowInput> =
+            seqs.iter_mut().zip(&prompts).map(|(kv, t)| RowInput { kv, tokens: t, start: 0 }).collect();
+        backend.forward(&mut rows, false).unwrap();
+        Model { backend, seqs }
+    }
+
+    fn step(&mut self, step: usize) {
         let tok = [(step * 13) as u32];
-        let mut rows: Vec<RowInput> = seqs
+        let mut rows: Vec<RowInput> = self
+            .seqs
             .iter_mut()
             .map(|kv| {
                 let start = kv.len();
                 RowInput { kv, tokens: &tok, start }
             })
             .collect();
-        b.forward(&mut rows, false).unwrap();
+        self.backend.forward(&mut rows, false).unwrap();
     }
-    let per = t.elapsed().as_secs_f64() / steps as f64;
-    println!("batch {batch}: {:.2} ms/step, {:.0} tok/s", per * 1e3, batch as f64 / per);
+
+    fn timed_step(&mut self, step: usize) -> f64 {
+        let t = Instant::now();
+        self.step(step);
+        t.elapsed().as_secs_f64()
+    }
 }

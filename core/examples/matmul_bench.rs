@@ -129,6 +129,9 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
         }
     }
     mats.push((hidden, 151_936, vec![value; hidden * 151_936]));
+    if std::env::var_os("MATMUL_HUGE").is_some() {
+        return huge_against_small_pages(m, mats);
+    }
     let bytes: usize = mats.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
     let x = vec![1.0f32; m * 6144];
     let mut y = vec![0f32; m * 151_936];
@@ -138,4 +141,42 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
         }
     });
     println!("stack m={m}: {:.2} ms, {:.1} GB/s", t * 1e3, bytes as f64 / t / 1e9);
+}
+
+/// `MATMUL_HUGE=1`: the same stack from 4 KiB and from 2 MiB pages, timed alternately.
+/// (The copy allocated second runs a few percent faster even when both are on 4 KiB
+/// pages: `examples/decode_bench` with `DECODE_HUGE_PAIRED` loads in either order.)
+fn huge_against_small_pages<W: tokenrouter_core::model::simd::Elem>(m: usize, small: Vec<(usize, usize, Vec<W>)>) {
+    use tokenrouter_core::model::huge_pages::prefer_huge_pages;
+    let huge: Vec<_> = small.iter().map(|(k, n, w)| (*k, *n, w.clone())).collect();
+    let advised: usize = huge.iter().map(|(_, _, w)| prefer_huge_pages(w)).sum();
+    println!("huge pages: {} MiB", advised >> 20);
+    let x = vec![1.0f32; m * 6144];
+    let mut y = vec![0f32; m * 151_936];
+    let mut run = |mats: &[(usize, usize, Vec<W>)]| {
+        let t = std::time::Instant::now();
+        for (k, n, w) in mats {
+            matmul_xwt(&x[..m * k], w, &mut y[..m * n], m, *k, *n);
+        }
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..12 {
+        a.push(run(&small));
+        b.push(run(&huge));
+    }
+    let ratios: Vec<f64> = a.iter().zip(&b).map(|(s, h)| h / s).collect();
+    let med = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "stack m={m}: 4K min {:.2} med {:.2} ms, 2M min {:.2} med {:.2} ms, paired 2M/4K median {:.3}",
+        a.iter().cloned().fold(f64::MAX, f64::min),
+        med(&a),
+        b.iter().cloned().fold(f64::MAX, f64::min),
+        med(&b),
+        med(&ratios)
+    );
 }

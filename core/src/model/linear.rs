@@ -3,6 +3,7 @@
 use candle_core::{DType, Device, Storage, Tensor};
 
 use super::error::Result;
+use super::huge_pages::prefer_huge_pages;
 use super::matmul::matmul_xwt;
 
 #[derive(Debug, Clone)]
@@ -29,6 +30,17 @@ impl Linear {
             None
         };
         Ok(Linear { weight, bias })
+    }
+
+    /// Moves the weight onto huge pages where the kernel allows; returns the bytes moved.
+    pub fn prefer_huge_pages(&self) -> usize {
+        let huge = |t: &Tensor| match t.dtype() {
+            DType::F16 => with_slice::<half::f16, _>(t, prefer_huge_pages),
+            DType::BF16 => with_slice::<half::bf16, _>(t, prefer_huge_pages),
+            DType::F32 => with_slice::<f32, _>(t, prefer_huge_pages),
+            _ => Ok(0),
+        };
+        huge(&self.weight).unwrap_or(0)
     }
 
     pub fn out_features(&self) -> usize {

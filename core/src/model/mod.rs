@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod gguf_import;
 pub mod gguf_read;
 pub mod gguf_tokenizer;
+pub mod huge_pages;
 pub mod init;
 pub mod kv;
 pub mod kv_arena;

@@ -9,6 +9,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Storage, Tensor};
 
 use super::error::{ModelError, Result};
+use super::huge_pages::prefer_huge_pages;
 use super::linear::Linear;
 use super::qmatmul::{self, Format};
 
@@ -25,6 +26,14 @@ impl Projection {
         match self {
             Projection::Dense(linear) => linear.forward(x),
             Projection::Quantized(q) => q.forward(x),
+        }
+    }
+
+    /// Moves the weights onto huge pages where the kernel allows; returns the bytes moved.
+    pub fn prefer_huge_pages(&self) -> usize {
+        match self {
+            Projection::Dense(linear) => linear.prefer_huge_pages(),
+            Projection::Quantized(q) => q.prefer_huge_pages(),
         }
     }
 
@@ -117,6 +126,15 @@ impl QuantizedLinear {
             other => QuantizedPart::Candle(other),
         };
         QuantizedLinear { parts: vec![part], bias: None }
+    }
+
+    /// Moves the blocks our kernel streams onto huge pages; returns the bytes moved.
+    fn prefer_huge_pages(&self) -> usize {
+        let ours = self.parts.iter().filter_map(|part| match part {
+            QuantizedPart::Ours { weight, .. } => weight.data().ok(),
+            QuantizedPart::Candle(_) => None,
+        });
+        ours.map(|blocks| prefer_huge_pages(&blocks)).sum()
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
