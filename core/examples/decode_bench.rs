@@ -1,11 +1,11 @@
 //! Times decode steps of one model at one batch size, nothing else (for perf).
-//! `cargo run --release -p tokenrouter-core --example decode_bench -- DIR BATCH STEPS`
+//! `cargo run --release -p tokenrouter-core --example decode_bench -- DIR BATCH STEPS [f32|f16|bf16]`
 //! With `DECODE_HUGE_PAIRED=small,huge` (or `huge,small`): the model loaded twice, on 4 KiB and on 2 MiB pages,
 //! stepped alternately, and the median of the paired step-time ratios.
 
 use std::time::Instant;
 
-use tokenrouter_core::model::{Backend, CandleBackend, KvSeq, LoadOptions, RowInput};
+use tokenrouter_core::model::{Backend, CandleBackend, KvSeq, LoadOptions, RowInput, WeightDtype};
 
 fn main() {
     tokenrouter_core::model::threads::configure(None);
@@ -16,6 +16,9 @@ fn main() {
     if std::env::var_os("DECODE_HUGE_PAIRED").is_some() {
         return huge_against_small_pages(&dir, batch, steps);
     }
+    if let Ok(rounds) = std::env::var("DECODE_BANDWIDTH") {
+        return against_read_bandwidth(&dir, steps, rounds.parse().unwrap());
+    }
     let mut model = Model::load(&dir, batch);
     let t = Instant::now();
     for step in 0..steps {
@@ -23,6 +26,27 @@ fn main() {
     }
     let per = t.elapsed().as_secs_f64() / steps as f64;
     println!("batch {batch}: {:.2} ms/step, {:.0} tok/s", per * 1e3, batch as f64 / per);
+}
+
+/// `DECODE_BANDWIDTH=ROUNDS`: batch-1 steps against the read bandwidth measured right
+/// before them, round by round (the host's bandwidth drifts by tens of percent).
+fn against_read_bandwidth(dir: &std::path::Path, steps: usize, rounds: usize) {
+    let mut model = Model::load(dir, 1);
+    let bytes = model.streamed_bytes();
+    let mut fractions = Vec::new();
+    for round in 0..rounds {
+        let read = tokenrouter_core::model::machine::measure_read_bandwidth();
+        let best = (0..steps).map(|s| model.timed_step(round * steps + s)).fold(f64::MAX, f64::min);
+        let step = bytes as f64 / best / 1e9;
+        println!(
+            "round {round}: read {read:.1} GB/s, best step {:.2} ms = {step:.1} GB/s, {:.0}%",
+            best * 1e3,
+            100.0 * step / read
+        );
+        fractions.push(step / read);
+    }
+    fractions.sort_by(f64::total_cmp);
+    println!("median {:.0}% of read bandwidth ({} MB a step)", 100.0 * fractions[rounds / 2], bytes / 1_000_000);
 }
 
 fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
@@ -67,7 +91,8 @@ struct Model {
 impl Model {
     /// The model with `batch` sequences of 128 prompt tokens each.
     fn load(dir: &std::path::Path, batch: usize) -> Model {
-        let options = LoadOptions { kv_budget_bytes: 1 << 30, ..LoadOptions::default() };
+        let dtype = std::env::args().nth(4).map_or(WeightDtype::F32, |d| d.parse().unwrap());
+        let options = LoadOptions { kv_budget_bytes: 1 << 30, dtype, ..LoadOptions::default() };
         let mut backend = CandleBackend::load(dir, &options).unwrap();
         let mut seqs: Vec<_> = (0..batch).map(|_| backend.new_sequence()).collect();
         let prompts: Vec<Vec<u32>> = (0..batch).map(|r| (0..128).map(|i| (r * 131 + i * 7) as u32).collect()).collect();
@@ -88,6 +113,18 @@ impl Model {
             })
             .collect();
         self.backend.forward(&mut rows, false).unwrap();
+    }
+
+    /// Bytes of the matrices and LM head one step reads.
+    fn streamed_bytes(&self) -> usize {
+        let c = self.backend.config();
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size;
+        let per = match std::env::args().nth(4).as_deref() {
+            Some("f16" | "bf16") => 2,
+            _ => 4,
+        };
+        (c.num_layers * layer + c.vocab_size * c.hidden_size) * per
     }
 
     fn timed_step(&mut self, step: usize) -> f64 {
