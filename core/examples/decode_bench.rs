@@ -53,6 +53,8 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
     // Loaded in the order DECODE_HUGE_PAIRED names ("small,huge" or "huge,small"): the
     // model loaded second has measured up to 5% faster with both on small pages.
     let order = std::env::var("DECODE_HUGE_PAIRED").unwrap_or_default();
+    // DECODE_PREFILL=N: time prompts of N tokens (a new sequence each) instead of steps.
+    let prefill: Option<usize> = std::env::var("DECODE_PREFILL").ok().map(|n| n.parse().unwrap());
     let load = |huge: bool| {
         std::env::set_var("TOKENROUTER_HUGE_PAGES", if huge { "on" } else { "off" });
         Model::load(dir, batch)
@@ -66,8 +68,8 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for step in 0..steps {
-        a.push(small.timed_step(step));
-        b.push(huge.timed_step(step));
+        a.push(small.timed(step, prefill));
+        b.push(huge.timed(step, prefill));
     }
     let med = |v: &[f64]| {
         let mut v = v.to_vec();
@@ -76,7 +78,7 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
     };
     let ratios: Vec<f64> = a.iter().zip(&b).map(|(s, h)| h / s).collect();
     println!(
-        "batch {batch}: 4K median {:.2} ms, 2M median {:.2} ms, paired 2M/4K median {:.3}",
+        "batch {batch}, prefill {prefill:?}: 4K median {:.2} ms, 2M median {:.2} ms, paired 2M/4K median {:.3}",
         med(&a) * 1e3,
         med(&b) * 1e3,
         med(&ratios)
@@ -125,6 +127,16 @@ impl Model {
             _ => 4,
         };
         (c.num_layers * layer + c.vocab_size * c.hidden_size) * per
+    }
+
+    /// A decode step, or with `prefill`, one prompt of that many tokens in a new sequence.
+    fn timed(&mut self, step: usize, prefill: Option<usize>) -> f64 {
+        let Some(n) = prefill else { return self.timed_step(step) };
+        let mut kv = self.backend.new_sequence();
+        let prompt: Vec<u32> = (0..n).map(|i| (step * 31 + i * 7) as u32 % 1000).collect();
+        let t = Instant::now();
+        self.backend.forward(&mut [RowInput { kv: &mut kv, tokens: &prompt, start: 0 }], false).unwrap();
+        t.elapsed().as_secs_f64()
     }
 
     fn timed_step(&mut self, step: usize) -> f64 {
