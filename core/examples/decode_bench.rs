@@ -45,8 +45,8 @@ fn against_read_bandwidth(dir: &std::path::Path, steps: usize, rounds: usize) {
         );
         fractions.push(step / read);
     }
-    fractions.sort_by(f64::total_cmp);
-    println!("median {:.0}% of read bandwidth ({} MB a step)", 100.0 * fractions[rounds / 2], bytes / 1_000_000);
+    let median = tokenrouter_core::model::machine::median(&fractions);
+    println!("median {:.0}% of read bandwidth ({} MB a step)", 100.0 * median, bytes / 1_000_000);
 }
 
 fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
@@ -71,11 +71,7 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
         a.push(small.timed(step, prefill));
         b.push(huge.timed(step, prefill));
     }
-    let med = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let med = tokenrouter_core::model::machine::median;
     let ratios: Vec<f64> = a.iter().zip(&b).map(|(s, h)| h / s).collect();
     println!(
         "batch {batch}, prefill {prefill:?}: 4K median {:.2} ms, 2M median {:.2} ms, paired 2M/4K median {:.3}",
@@ -87,6 +83,7 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
 
 struct Model {
     backend: CandleBackend,
+    dtype: WeightDtype,
     seqs: Vec<KvSeq>,
 }
 
@@ -101,7 +98,7 @@ impl Model {
         let mut rows: Vec<RowInput> =
             seqs.iter_mut().zip(&prompts).map(|(kv, t)| RowInput { kv, tokens: t, start: 0 }).collect();
         backend.forward(&mut rows, false).unwrap();
-        Model { backend, seqs }
+        Model { backend, dtype, seqs }
     }
 
     fn step(&mut self, step: usize) {
@@ -117,16 +114,9 @@ impl Model {
         self.backend.forward(&mut rows, false).unwrap();
     }
 
-    /// Bytes of the matrices and LM head one step reads.
+    /// Bytes of the weights, counted as `tokenrouter profile` counts them.
     fn streamed_bytes(&self) -> usize {
-        let c = self.backend.config();
-        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size;
-        let per = match std::env::args().nth(4).as_deref() {
-            Some("f16" | "bf16") => 2,
-            _ => 4,
-        };
-        (c.num_layers * layer + c.vocab_size * c.hidden_size) * per
+        (self.backend.config().num_parameters() as f64 * self.dtype.bytes_per_weight()) as usize
     }
 
     /// A decode step, or with `prefill`, one prompt of that many tokens in a new sequence.

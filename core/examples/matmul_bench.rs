@@ -148,6 +148,7 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
 /// pages: `examples/decode_bench` with `DECODE_HUGE_PAIRED` loads in either order.)
 fn huge_against_small_pages<W: tokenrouter_core::model::simd::Elem>(m: usize, small: Vec<(usize, usize, Vec<W>)>) {
     use tokenrouter_core::model::huge_pages::prefer_huge_pages;
+    use tokenrouter_core::model::machine::median as med;
     let huge: Vec<_> = small.iter().map(|(k, n, w)| (*k, *n, w.clone())).collect();
     let advised: usize = huge.iter().map(|(_, _, w)| prefer_huge_pages(w)).sum();
     println!("huge pages: {} MiB", advised >> 20);
@@ -166,11 +167,6 @@ fn huge_against_small_pages<W: tokenrouter_core::model::simd::Elem>(m: usize, sm
         b.push(run(&huge));
     }
     let ratios: Vec<f64> = a.iter().zip(&b).map(|(s, h)| h / s).collect();
-    let med = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "stack m={m}: 4K min {:.2} med {:.2} ms, 2M min {:.2} med {:.2} ms, paired 2M/4K median {:.3}",
         a.iter().cloned().fold(f64::MAX, f64::min),

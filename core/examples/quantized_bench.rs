@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use tokenrouter_core::model::gguf::{write_gguf, GgufType};
 use tokenrouter_core::model::gguf_import::import_gguf;
+use tokenrouter_core::model::machine::median;
 use tokenrouter_core::model::{Backend, CandleBackend, LoadOptions, RowInput, WeightDtype};
 
 const PREFILL_TOKENS: usize = 512;
@@ -58,7 +59,7 @@ fn main() {
     }
     println!("{:<18} {:>12} {:>10} {:>10} {:>10}", "tokens/s", "prefill 512", "decode b1", "b8 total", "b32 total");
     for ((name, _), measured) in models.iter().zip(&mut samples) {
-        let medians: Vec<String> = measured.iter_mut().map(|s| format!("{:.0}", median(s))).collect();
+        let medians: Vec<String> = measured.iter().map(|s| format!("{:.0}", median(s))).collect();
         println!("{name:<18} {:>12} {:>10} {:>10} {:>10}", medians[0], medians[1], medians[2], medians[3]);
     }
 }
@@ -98,9 +99,4 @@ fn decode_tokens_per_sec(model: &mut CandleBackend, batch: usize) -> f64 {
         model.forward(&mut rows, false).expect("decode");
     }
     (batch * steps) as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
 }

@@ -100,6 +100,13 @@ pub fn best_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// The middle value of `samples` (the upper one of an even count); benchmarks share it.
+pub fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
 /// candle's GEMM. [`MachineLimits::gemm_gflops`] takes the faster of it and ours: a
 /// step's fraction of that says how near it comes to what this machine has been seen to
 /// do, not to what one library does.

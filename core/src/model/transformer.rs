@@ -84,9 +84,9 @@ impl Transformer {
     }
 
     /// Every step streams every matrix: on 2 MiB pages it skips a page walk per 4 KiB
-    /// (decode steps 3-11% faster, `MATMUL_HUGE=1 examples/matmul_bench`). The
-    /// embedding table is read a few rows at a time and stays as it is, unless tied to
-    /// the head.
+    /// (medium f32 batch-1 steps ~4-5% faster: `DECODE_HUGE_PAIRED` in
+    /// `examples/decode_bench`, both load orders). The embedding table is read a few rows
+    /// at a time and stays as it is, unless tied to the head.
     fn prefer_huge_pages(&self) -> usize {
         let layers = self.layers.iter().flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]);
         layers.chain([&self.lm_head]).map(Projection::prefer_huge_pages).sum()
