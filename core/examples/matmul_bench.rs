@@ -1,9 +1,15 @@
-//! Few-row matmul: candle's GEMM against our kernel, on the shapes of the model presets.
+//! Our matmul against candle's GEMM, on the shapes of the model presets.
 //! `cargo run --release -p tokenrouter-core --example matmul_bench`
 
 use candle_core::{Device, Tensor};
-use tokenrouter_core::model::matmul::matmul_xwt;
-use tokenrouter_core::model::matmul_packed::matmul_xwt_many;
+use tokenrouter_core::model::matmul::{matmul_xwt, pack_panels, panel_len, Panels};
+
+/// A row-major `(n, k)` matrix in the panel layout our kernel reads.
+fn panels_of<W: Copy + Send + Sync>(rows: &[W], n: usize, k: usize) -> Vec<W> {
+    let mut dst = vec![rows[0]; panel_len(n, k)];
+    pack_panels(rows, n, k, &mut dst);
+    dst
+}
 
 /// One untimed warm-up call, then the best of `runs`.
 fn best_of(runs: usize, mut f: impl FnMut()) -> f64 {
@@ -47,10 +53,10 @@ fn main() -> candle_core::Result<()> {
                     println!("madvise -> {r}");
                 }
             }
-            w.resize(n * k, 0.5);
+            w.resize(panel_len(n, k), 0.5);
             let x = vec![1.0f32; k];
             let mut y = vec![0f32; n];
-            let t = best_of(5, || matmul_xwt(&x, &w, &mut y, 1, k, n));
+            let t = best_of(5, || matmul_xwt(&x, Panels::new(&w, n, k), &mut y, 1));
             println!("lm_head m=1 huge={huge}: {:.2} ms, {:.1} GB/s", t * 1e3, (n * k * 4) as f64 / t / 1e9);
         }
     }
@@ -74,10 +80,12 @@ fn main() -> candle_core::Result<()> {
         })
         .unwrap_or_else(|_| vec![(512, 3072), (1536, 512), (512, 151_936), (1024, 6144), (3072, 1024), (1024, 2048)]);
     println!("{:>5} {:>6} {:>7} {:>11} {:>11} {:>8} {:>9}", "m", "k", "n", "candle ms", "ours ms", "GB/s", "GFLOP/s");
-    println!("(then: packed ms, f16 ours ms, f16 packed ms)");
+    println!("(then: f16 ours ms)");
     for &(k, n) in &shapes {
         let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?;
-        let wv: Vec<f32> = w.flatten_all()?.to_vec1()?;
+        let w_rows: Vec<f32> = w.flatten_all()?.to_vec1()?;
+        let wv = panels_of(&w_rows, n, k);
+        let wh = panels_of(&w_rows.iter().map(|&v| half::f16::from_f32(v)).collect::<Vec<_>>(), n, k);
         for &m in &rows {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
             let xv: Vec<f32> = x.flatten_all()?.to_vec1()?;
@@ -86,20 +94,15 @@ fn main() -> candle_core::Result<()> {
                 std::hint::black_box(x.matmul(&wt).unwrap());
             });
             let mut y = vec![0f32; m * n];
-            let o = best_of(5, || matmul_xwt(&xv, &wv, &mut y, m, k, n));
-            let packed = best_of(5, || matmul_xwt_many(&xv, &wv, &mut y, m, k, n));
-            let wh: Vec<half::f16> = wv.iter().map(|&v| half::f16::from_f32(v)).collect();
-            let o16 = best_of(5, || matmul_xwt(&xv, &wh, &mut y, m, k, n));
-            let p16 = best_of(5, || matmul_xwt_many(&xv, &wh, &mut y, m, k, n));
+            let o = best_of(5, || matmul_xwt(&xv, Panels::new(&wv, n, k), &mut y, m));
+            let o16 = best_of(5, || matmul_xwt(&xv, Panels::new(&wh, n, k), &mut y, m));
             let gbs = (n * k * 4) as f64 / o / 1e9;
             let gflops = 2.0 * (m * n * k) as f64 / o / 1e9;
             println!(
-                "{m:>5} {k:>6} {n:>7} {:>11.3} {:>11.3} {gbs:>8.1} {gflops:>9.1} {:>9.3} {:>9.3} {:>9.3}",
+                "{m:>5} {k:>6} {n:>7} {:>11.3} {:>11.3} {gbs:>8.1} {gflops:>9.1} {:>9.3}",
                 c * 1e3,
                 o * 1e3,
-                packed * 1e3,
-                o16 * 1e3,
-                p16 * 1e3
+                o16 * 1e3
             );
         }
     }
@@ -125,10 +128,10 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
     let mut mats: Vec<(usize, usize, Vec<W>)> = Vec::new();
     for _ in 0..layers {
         for &(k, n) in &layer {
-            mats.push((k, n, vec![value; k * n]));
+            mats.push((k, n, vec![value; panel_len(n, k)]));
         }
     }
-    mats.push((hidden, 151_936, vec![value; hidden * 151_936]));
+    mats.push((hidden, 151_936, vec![value; panel_len(151_936, hidden)]));
     if std::env::var_os("MATMUL_HUGE").is_some() {
         return huge_against_small_pages(m, mats);
     }
@@ -137,7 +140,7 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
     let mut y = vec![0f32; m * 151_936];
     let t = best_of(5, || {
         for (k, n, w) in &mats {
-            matmul_xwt(&x[..m * k], w, &mut y[..m * n], m, *k, *n);
+            matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);
         }
     });
     println!("stack m={m}: {:.2} ms, {:.1} GB/s", t * 1e3, bytes as f64 / t / 1e9);
@@ -157,7 +160,7 @@ fn huge_against_small_pages<W: tokenrouter_core::model::simd::Elem>(m: usize, sm
     let mut run = |mats: &[(usize, usize, Vec<W>)]| {
         let t = std::time::Instant::now();
         for (k, n, w) in mats {
-            matmul_xwt(&x[..m * k], w, &mut y[..m * n], m, *k, *n);
+            matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);
         }
         t.elapsed().as_secs_f64() * 1e3
     };

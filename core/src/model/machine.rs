@@ -1,6 +1,6 @@
 //! The machine's own limits, measured the way the runtime uses it: memory bandwidth
 //! (a STREAM-style triad on all compute threads) and the f32 GEMM rate, the faster of
-//! candle's GEMM and our own packed kernel.
+//! candle's GEMM and our own matmul kernel.
 //! Profiles report model speed as a fraction of these.
 
 use std::time::Instant;
@@ -120,8 +120,9 @@ pub fn measure_candle_gemm() -> candle_core::Result<f64> {
 
 /// `y = x · Wᵀ` through the kernel the model's linear layers use.
 pub fn measure_own_gemm() -> f64 {
+    use super::matmul::{matmul_xwt, panel_len, Panels};
     let x = vec![1.0f32; GEMM_N * GEMM_N];
-    let w = vec![1.0f32; GEMM_N * GEMM_N];
+    let w = vec![1.0f32; panel_len(GEMM_N, GEMM_N)];
     let mut y = vec![0f32; GEMM_N * GEMM_N];
-    gflops(best_seconds(4, || super::matmul::matmul_xwt(&x, &w, &mut y, GEMM_N, GEMM_N, GEMM_N)))
+    gflops(best_seconds(4, || matmul_xwt(&x, Panels::new(&w, GEMM_N, GEMM_N), &mut y, GEMM_N)))
 }

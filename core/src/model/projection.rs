@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Module, Storage, Tensor};
 use super::error::{ModelError, Result};
 use super::huge_pages::prefer_huge_pages;
 use super::linear::Linear;
+use super::panels::PanelMatrix;
 use super::qmatmul::{self, Format};
 
 /// A layer `y = x Wᵀ + b` over packed token rows.
@@ -191,6 +192,8 @@ fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 #[derive(Debug, Clone)]
 pub enum TokenEmbedding {
     Dense(Tensor),
+    /// A table tied to the output head, looked up in the head's packed matrix.
+    Panels(Arc<PanelMatrix>),
     Quantized(QMatMul),
 }
 
@@ -199,6 +202,10 @@ impl TokenEmbedding {
     pub fn lookup(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {
             TokenEmbedding::Dense(table) => table.index_select(ids, 0)?,
+            TokenEmbedding::Panels(table) => {
+                let rows = table.gather_rows(&ids.to_vec1::<u32>()?)?;
+                Tensor::from_vec(rows, (ids.dims1()?, table.cols()), &Device::Cpu)?
+            }
             TokenEmbedding::Quantized(table) => table.embedding(ids)?,
         })
     }

@@ -117,8 +117,8 @@ impl GgufTensors {
         let table = self.take("token_embd.weight", &[c.vocab_size, c.hidden_size])?;
         if is_dense(table.dtype()) {
             let table = table.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?;
-            let head = Projection::Dense(Linear::new(table.clone(), None));
-            return Ok((TokenEmbedding::Dense(table), head));
+            let head = Linear::new(&table, None)?;
+            return Ok((TokenEmbedding::Panels(head.weight().clone()), Projection::Dense(head)));
         }
         let table = QMatMul::from_arc(Arc::new(table))?;
         let head = Projection::Quantized(QuantizedLinear::shared(table.clone()));
@@ -157,7 +157,7 @@ impl GgufTensors {
         let bias = if biases.is_empty() { None } else { Some(Tensor::cat(&biases, 0)?) };
         if matrices.iter().all(|m| is_dense(m.dtype())) {
             let dense = matrices.iter().map(|m| m.dequantize(&Device::Cpu)).collect::<candle_core::Result<Vec<_>>>()?;
-            return Ok(Projection::Dense(Linear::new(Tensor::cat(&dense, 0)?, bias)));
+            return Ok(Projection::Dense(Linear::new(&Tensor::cat(&dense, 0)?, bias)?));
         }
         Ok(Projection::Quantized(QuantizedLinear::stacked(matrices, bias)?))
     }

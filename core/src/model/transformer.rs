@@ -53,19 +53,15 @@ impl Transformer {
             (0..c.num_layers).map(|i| load_layer(c, ckpt, &format!("model.layers.{i}"))).collect::<Result<Vec<_>>>()?;
         let final_norm = ckpt.load_f32("model.norm.weight", &[c.hidden_size])?.to_vec1()?;
         // A tied checkpoint may still carry a copy of lm_head; the embedding is the truth.
-        let lm_head = if c.tie_word_embeddings {
-            Linear::new(embed.clone(), None)
+        // Tied, the table is packed once, for the head, and looked up from there.
+        let (embed, lm_head) = if c.tie_word_embeddings {
+            let head = Linear::new(&embed, None)?;
+            (TokenEmbedding::Panels(head.weight().clone()), head)
         } else {
-            Linear::new(ckpt.load("lm_head.weight", &[c.vocab_size, c.hidden_size])?, None)
+            let head = Linear::new(&ckpt.load("lm_head.weight", &[c.vocab_size, c.hidden_size])?, None)?;
+            (TokenEmbedding::Dense(embed), head)
         };
-        Ok(Self::from_parts(
-            config,
-            DType::F32,
-            TokenEmbedding::Dense(embed),
-            layers,
-            final_norm,
-            Projection::Dense(lm_head),
-        ))
+        Ok(Self::from_parts(config, DType::F32, embed, layers, final_norm, Projection::Dense(lm_head)))
     }
 
     /// A model from weights loaded elsewhere (a GGUF file); `dtype` is the activations'.
@@ -175,16 +171,26 @@ fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLaye
     let h = c.hidden_size;
     let q_out = c.num_heads * c.head_dim;
     let kv_out = c.num_kv_heads * c.head_dim;
-    let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+    // Each matrix with its bias, if the model has one.
+    let part = |name: &str, out: usize, inp: usize, bias: bool| -> Result<(Tensor, Option<Tensor>)> {
         let w = ckpt.load(&format!("{p}.{name}.weight"), &[out, inp])?;
         let b = if bias { Some(ckpt.load_f32(&format!("{p}.{name}.bias"), &[out])?) } else { None };
-        Ok(Linear::new(w, b))
+        Ok((w, b))
     };
-    let q = linear("self_attn.q_proj", q_out, h, c.qkv_bias)?;
-    let k = linear("self_attn.k_proj", kv_out, h, c.qkv_bias)?;
-    let v = linear("self_attn.v_proj", kv_out, h, c.qkv_bias)?;
-    let gate = linear("mlp.gate_proj", c.intermediate_size, h, false)?;
-    let up = linear("mlp.up_proj", c.intermediate_size, h, false)?;
+    let stacked = |parts: Vec<(Tensor, Option<Tensor>)>| -> Result<Projection> {
+        let (weights, biases): (Vec<Tensor>, Vec<Option<Tensor>>) = parts.into_iter().unzip();
+        let biases: Option<Vec<Tensor>> = biases.into_iter().collect();
+        Ok(Projection::Dense(Linear::stacked(&weights, biases.as_deref())?))
+    };
+    let qkv = stacked(vec![
+        part("self_attn.q_proj", q_out, h, c.qkv_bias)?,
+        part("self_attn.k_proj", kv_out, h, c.qkv_bias)?,
+        part("self_attn.v_proj", kv_out, h, c.qkv_bias)?,
+    ])?;
+    let gate_up = stacked(vec![
+        part("mlp.gate_proj", c.intermediate_size, h, false)?,
+        part("mlp.up_proj", c.intermediate_size, h, false)?,
+    ])?;
     let qk_norm = if c.arch.has_qk_norm() {
         let load = |n: &str| -> Result<Vec<f32>> {
             Ok(ckpt.load_f32(&format!("{p}.self_attn.{n}.weight"), &[c.head_dim])?.to_vec1()?)
@@ -195,11 +201,11 @@ fn load_layer(c: &ModelConfig, ckpt: &Checkpoint, p: &str) -> Result<DecoderLaye
     };
     Ok(DecoderLayer {
         attn_norm: ckpt.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?.to_vec1()?,
-        qkv: Projection::Dense(Linear::fuse(&[q, k, v])?),
+        qkv,
         qk_norm,
-        o_proj: Projection::Dense(linear("self_attn.o_proj", h, q_out, false)?),
+        o_proj: stacked(vec![part("self_attn.o_proj", h, q_out, false)?])?,
         mlp_norm: ckpt.load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?.to_vec1()?,
-        gate_up: Projection::Dense(Linear::fuse(&[gate, up])?),
-        down: Projection::Dense(linear("mlp.down_proj", h, c.intermediate_size, false)?),
+        gate_up,
+        down: stacked(vec![part("mlp.down_proj", h, c.intermediate_size, false)?])?,
     })
 }

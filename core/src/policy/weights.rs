@@ -79,7 +79,7 @@ impl TensorSource {
     pub fn linear(&mut self, prefix: &str, input: usize, output: usize) -> Result<Linear, PolicyError> {
         let weight = self.tensor(&format!("{prefix}.weight"), &[output, input], Init::FanIn(input))?;
         let bias = self.tensor(&format!("{prefix}.bias"), &[output], Init::Zeros)?;
-        Ok(Linear::new(weight, Some(bias)))
+        Ok(Linear::new(&weight, Some(bias))?)
     }
 
     /// `{prefix}.weight` and `{prefix}.bias`, both `(dim)`.
