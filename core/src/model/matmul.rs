@@ -161,12 +161,14 @@ struct Plan {
 }
 
 impl Plan {
-    /// One tile of rows streams each panel whole (decode: one pass over `W`, in memory
-    /// order); more slice `k` and block the rows.
+    /// Up to two tiles of rows (decode batches) stream each panel whole: one pass over
+    /// `W`, in memory order, and y written once (sliced, a `medium` f16 step at 8 rows
+    /// took 2× as long: the LM head's 4.8 MB of y went back and forth per slice, and
+    /// its panels were walked 4 times). More rows slice `k` and block the rows.
     fn new<S: Simd>(m: usize, k: usize, n: usize) -> Plan {
         let tile_rows = rows_per_tile::<S>();
         let width = n.div_ceil(PANEL) * PANEL;
-        if m <= tile_rows {
+        if m <= 2 * tile_rows {
             return Plan { m, k, width, tile_rows, depth: k, block_rows: m };
         }
         let depth = DEPTH_BLOCK.min(k);
@@ -482,7 +484,8 @@ mod tests {
 
     fn rows_alone_match_batched<S: Simd, W: Elem + Default>() {
         const ROWS: usize = 40;
-        // k = 1,500 at 40 rows takes the sliced order; 44 and 512 stream panels whole.
+        // Up to 12 rows stream panels whole, more take the sliced order; k = 1,500 makes
+        // several blocks of rows.
         for &(k, n) in &[(44usize, 9usize), (512, 33), (1500, 20)] {
             let x = values(ROWS * k, 7, 23);
             let w: Vec<W> = values(n * k, 5, 19).into_iter().map(W::from_f32).collect();
