@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Storage, Tensor};
 
-use super::error::Result;
+use super::error::{ModelError, Result};
 use super::panels::PanelMatrix;
 
 #[derive(Debug, Clone)]
@@ -30,11 +30,6 @@ impl Linear {
             None => None,
         };
         Linear::new(&Tensor::cat(weights, 0)?, bias)
-    }
-
-    /// A layer over a matrix packed elsewhere (the embedding table it is tied to).
-    pub fn shared(weight: Arc<PanelMatrix>) -> Self {
-        Linear { weight, bias: None }
     }
 
     /// The packed weight, for an embedding table tied to it.
@@ -66,14 +61,22 @@ impl Linear {
         let (m, _) = x.dims2()?;
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let mut y = with_slice::<f32, _>(&x, |xs| self.weight.matmul(xs, m))??;
-        if let Some(b) = &self.bias {
-            let b: Vec<f32> = b.to_dtype(DType::F32)?.to_vec1()?;
-            for row in y.chunks_exact_mut(b.len().max(1)) {
-                row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
-            }
-        }
+        add_bias(&mut y, m, self.bias.as_ref())?;
         Ok(y)
     }
+}
+
+/// Adds `bias` (one value per output) to each of the `rows` rows of `y`.
+pub(crate) fn add_bias(y: &mut [f32], rows: usize, bias: Option<&Tensor>) -> Result<()> {
+    let Some(b) = bias else { return Ok(()) };
+    let b: Vec<f32> = b.to_dtype(DType::F32)?.to_vec1()?;
+    if rows > 0 && y.len() != rows * b.len() {
+        return Err(ModelError::Unsupported(format!("a bias of {} for {} outputs", b.len(), y.len() / rows)));
+    }
+    for row in y.chunks_exact_mut(b.len().max(1)) {
+        row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
+    }
+    Ok(())
 }
 
 /// Runs `f` on the data of a contiguous CPU tensor of element type `T`, without copying it.

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
-use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use super::error::{ModelError, Result};
 use super::huge_pages::prefer_huge_pages;
-use super::linear::Linear;
+use super::linear::{add_bias, with_slice, Linear};
 use super::panels::PanelMatrix;
 use super::qmatmul::{self, Format};
 
@@ -92,7 +92,7 @@ impl QuantizedPart {
                 }
                 // Borrowed in place: candle's CPU storage hands out its block bytes.
                 let blocks = weight.data()?;
-                with_f32_slice(x, |xs| qmatmul::matmul(*format, &blocks, n, k, xs, m))?
+                with_slice::<f32, _>(x, |xs| qmatmul::matmul(*format, &blocks, n, k, xs, m))?
             }
             QuantizedPart::Candle(q) => Ok(q.forward(x)?.flatten_all()?.to_vec1()?),
         }
@@ -162,29 +162,9 @@ impl QuantizedLinear {
                 y
             }
         };
-        if let Some(b) = &self.bias {
-            let b: Vec<f32> = b.to_dtype(DType::F32)?.to_vec1()?;
-            if rows > 0 && y.len() != rows * b.len() {
-                return Err(ModelError::Unsupported(format!("a bias of {} for {} outputs", b.len(), y.len() / rows)));
-            }
-            for row in y.chunks_exact_mut(b.len().max(1)) {
-                row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
-            }
-        }
+        add_bias(&mut y, rows, self.bias.as_ref())?;
         Ok(y)
     }
-}
-
-/// Runs `f` on the f32 data of a contiguous CPU tensor, without copying it.
-fn with_f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        return Err(ModelError::Unsupported("quantized matmul on a non-CPU tensor".into()));
-    };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        return Err(ModelError::Unsupported("quantized matmul of a non-contiguous tensor".into()));
-    };
-    Ok(f(&cpu.as_slice::<f32>()?[start..end]))
 }
 
 /// The token embedding table: rows gathered from a dense tensor or dequantized from
