@@ -2,6 +2,8 @@
 //! `cargo run --release -p tokenrouter-core --example decode_bench -- DIR BATCH STEPS [f32|f16|bf16]`
 //! With `DECODE_HUGE_PAIRED=small,huge` (or `huge,small`): the model loaded twice, on 4 KiB and on 2 MiB pages,
 //! stepped alternately, and the median of the paired step-time ratios.
+//! With `DECODE_PREFILL=N` (alone or with the above): prompts of N tokens, each in a new sequence, instead of
+//! decode steps; STEPS prompts, their median time.
 
 use std::time::Instant;
 
@@ -20,6 +22,12 @@ fn main() {
         return against_read_bandwidth(&dir, steps, rounds.parse().unwrap());
     }
     let mut model = Model::load(&dir, batch);
+    if let Some(n) = prefill_tokens() {
+        let times: Vec<f64> = (0..steps).map(|step| model.timed(step, Some(n))).collect();
+        let median = tokenrouter_core::model::machine::median(&times);
+        println!("prefill {n}: {:.2} ms/prompt, {:.0} tok/s", median * 1e3, n as f64 / median);
+        return;
+    }
     let t = Instant::now();
     for step in 0..steps {
         model.step(step);
@@ -53,8 +61,7 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
     // Loaded in the order DECODE_HUGE_PAIRED names ("small,huge" or "huge,small"): the
     // model loaded second has measured up to 5% faster with both on small pages.
     let order = std::env::var("DECODE_HUGE_PAIRED").unwrap_or_default();
-    // DECODE_PREFILL=N: time prompts of N tokens (a new sequence each) instead of steps.
-    let prefill: Option<usize> = std::env::var("DECODE_PREFILL").ok().map(|n| n.parse().unwrap());
+    let prefill = prefill_tokens();
     let load = |huge: bool| {
         std::env::set_var("TOKENROUTER_HUGE_PAGES", if huge { "on" } else { "off" });
         Model::load(dir, batch)
@@ -79,6 +86,11 @@ fn huge_against_small_pages(dir: &std::path::Path, batch: usize, steps: usize) {
         med(&b) * 1e3,
         med(&ratios)
     );
+}
+
+/// `DECODE_PREFILL=N`: time prompts of N tokens (a new sequence each) instead of steps.
+fn prefill_tokens() -> Option<usize> {
+    std::env::var("DECODE_PREFILL").ok().map(|n| n.parse().unwrap())
 }
 
 struct Model {

@@ -230,14 +230,19 @@ fn pack_rows<'a>(x: &'a [f32], plan: &Plan) -> Cow<'a, [f32]> {
         }
     };
     if m * k >= 1 << 18 {
-        all_tiles(plan).par_bridge().for_each(pack_tile);
+        all_tiles(plan).collect::<Vec<_>>().into_par_iter().for_each(pack_tile);
     } else {
         all_tiles(plan).for_each(pack_tile);
     }
     Cow::Owned(packed)
 }
 
-/// Every output of panels `panels`, slice of `k` by slice, block of rows by block.
+/// Every output of panels `panels`: block of rows by block, and within a block panel by
+/// panel, slice of `k` by slice. `W` is then read in memory order, once per block, and a
+/// panel's outputs for the block (at most 12 KiB) stay in L1 across its slices (sliced
+/// first, the LM head's y at 32 rows, 19 MB, went to memory and back once per slice: a
+/// `medium` stack of matmuls at 32 and 128 rows took 0.88-0.92 of the time this way,
+/// paired in one process by `examples/matmul_bench`).
 fn compute_panels<S: Simd, W: Elem>(
     x: &[f32],
     w: Panels<W>,
@@ -246,16 +251,21 @@ fn compute_panels<S: Simd, W: Elem>(
     panels: std::ops::Range<usize>,
 ) {
     let Plan { m, k, depth, block_rows, tile_rows, .. } = *plan;
+    if m <= GROUP_ROWS && depth == k {
+        return stream_panel_groups::<S, W>(x, w, out, plan, panels);
+    }
     // Half-precision slices met by several tiles are widened once, here.
     let mut widened = Vec::new();
-    for p0 in (0..k).step_by(depth) {
-        let p1 = (p0 + depth).min(k);
-        for r0 in (0..m).step_by(block_rows) {
-            let rows = r0..(r0 + block_rows).min(m);
-            let widen_once = !W::IS_F32 && rows.len() > tile_rows && depth < k;
-            for j in panels.clone() {
+    for r0 in (0..m).step_by(block_rows) {
+        let rows = r0..(r0 + block_rows).min(m);
+        let widen_once = !W::IS_F32 && rows.len() > tile_rows && depth < k;
+        for j in panels.clone() {
+            for p0 in (0..k).step_by(depth) {
+                let p1 = (p0 + depth).min(k);
                 let slice = &w.panel(j)[p0 * PANEL..p1 * PANEL];
-                let spot = Spot { p0, p1, j };
+                // The next slice in memory: this panel's next, or the next panel's first.
+                let next = slice.as_ptr_range().end as *const u8;
+                let spot = Spot { p0, p1, j, next };
                 if widen_once {
                     widened.resize(slice.len(), 0f32);
                     widen::<S, W>(slice, &mut widened);
@@ -268,12 +278,110 @@ fn compute_panels<S: Simd, W: Elem>(
     }
 }
 
+/// The most rows [`stream_panel_groups`] takes.
+const GROUP_ROWS: usize = 2;
+
+/// Panels side by side per micro-kernel for one row (two rows take half as many).
+const GROUP: usize = 4;
+
+/// One or two rows against panels `panels`, [`GROUP`] (or `GROUP / 2`) panels at a time:
+/// one row against one panel is two chains of fused multiply-adds, each waiting on its
+/// last (4 cycles); side by side, the panels' chains overlap. Each output is still one
+/// chain over k in order. (Paired in one process by `examples/matmul_bench`, a `medium`
+/// stack at 1-2 rows took a median 0.86-0.97 of the time of one panel at a time.)
+fn stream_panel_groups<S: Simd, W: Elem>(
+    x: &[f32],
+    w: Panels<W>,
+    out: &SharedOut,
+    plan: &Plan,
+    panels: std::ops::Range<usize>,
+) {
+    let group = if plan.m == 1 { GROUP } else { GROUP / 2 };
+    let k = plan.k;
+    for j in panels.clone().step_by(group) {
+        let count = group.min(panels.end - j);
+        let ws = &w.data[j * k * PANEL..(j + count) * k * PANEL];
+        // Safety: panels j..j + count lie inside the output's width, written by this task alone.
+        let y = unsafe { out.0.add(j * PANEL) };
+        let at = GroupAt { xs: x, ws, k, y, y_stride: plan.width };
+        macro_rules! dispatch {
+            ($(($r:literal, $g:literal))*) => {
+                match (plan.m, count) {
+                    $(($r, $g) => micro_group::<S, W, $r, $g>(at),)*
+                    _ => unreachable!("one or two rows, at most GROUP panels"),
+                }
+            };
+        }
+        dispatch!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2));
+    }
+}
+
+/// A group's operands: `xs` `[k][R]`, `ws` G whole panels one after another.
+#[derive(Clone, Copy)]
+struct GroupAt<'a, V> {
+    xs: &'a [f32],
+    ws: &'a [V],
+    k: usize,
+    y: *mut f32,
+    y_stride: usize,
+}
+
+/// `R` rows × `G` whole panels; see [`stream_panel_groups`].
+#[inline(never)]
+fn micro_group<S: Simd, V: Elem, const R: usize, const G: usize>(at: GroupAt<V>) {
+    let per_row = PANEL / S::LANES;
+    let k = at.k;
+    assert!(at.xs.len() == k * R && at.ws.len() == G * k * PANEL && per_row <= 2);
+    let (xs, ws) = (at.xs.as_ptr(), at.ws.as_ptr());
+    let step = PANEL * std::mem::size_of::<V>();
+    // Safety: the assert bounds every load; the caller vouches for the R rows × G panels
+    // of y; prefetches never fault.
+    unsafe {
+        let mut acc = [[[S::zero(); 2]; G]; R];
+        let mut p0 = 0;
+        while p0 < k {
+            let p1 = (p0 + CHUNK).min(k);
+            for g in 0..G {
+                let from = (ws.add(g * k * PANEL + p0 * PANEL) as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
+                S::prefetch_bytes(from, (p1 - p0) * step);
+            }
+            for p in p0..p1 {
+                for g in 0..G {
+                    let w: [S::V; 2] = std::array::from_fn(|v| {
+                        if v < per_row {
+                            V::load::<S>(ws.add(g * k * PANEL + p * PANEL + v * S::LANES))
+                        } else {
+                            S::zero()
+                        }
+                    });
+                    for a in 0..R {
+                        let xv = S::splat(*xs.add(p * R + a));
+                        for v in 0..per_row {
+                            acc[a][g][v] = S::fma(xv, w[v], acc[a][g][v]);
+                        }
+                    }
+                }
+            }
+            p0 = p1;
+        }
+        for (a, row) in acc.iter().enumerate() {
+            for (g, panel) in row.iter().enumerate() {
+                for (v, lanes) in panel.iter().enumerate().take(per_row) {
+                    S::store(at.y.add(a * at.y_stride + g * PANEL + v * S::LANES), *lanes);
+                }
+            }
+        }
+    }
+}
+
 /// Where a group of tiles works: positions `p0..p1` of `k`, panel `j`.
 #[derive(Clone, Copy)]
 struct Spot {
     p0: usize,
     p1: usize,
     j: usize,
+    /// The slice the tiles' prefetches bring in: the next one the task walks.
+    next: *const u8,
 }
 
 /// What a tile asks the memory system for as it goes: from `from`, `step` bytes further
@@ -284,11 +392,11 @@ struct Prefetch {
     step: usize,
 }
 
-/// The tiles of rows `rows` against one panel slice. The next panel's slice (in memory
-/// order, the task's next panel, whole or sliced) is brought in while they work, a
-/// share of it per tile, so the memory stream never pauses while tiles reuse the slice
-/// from cache; a lone tile (a few rows) walks its own panel [`STREAM_AHEAD_BYTES`]
-/// ahead instead, which reaches the next panel in time.
+/// The tiles of rows `rows` against one panel slice. The next slice the task walks (in
+/// memory order: the panel's next slice, or the next panel's first) is brought in while
+/// they work, a share of it per tile, so the memory stream never pauses while tiles
+/// reuse the slice from cache; a lone tile (a few rows) walks its own panel
+/// [`STREAM_AHEAD_BYTES`] ahead instead, which reaches the next panel in time.
 fn row_tiles<S: Simd, V: Elem, W: Elem>(
     x: &[f32],
     slice: &[V],
@@ -298,12 +406,11 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
     spot: Spot,
     out: &SharedOut,
 ) {
-    let Spot { p0, p1, j } = spot;
+    let Spot { p0, p1, j, next } = spot;
     let k = plan.k;
     let count = rows.len().div_ceil(plan.tile_rows);
-    // Bytes of the source slice per position; the next panel's slice lies k positions on.
+    // Bytes of the source slice per position.
     let step = PANEL * std::mem::size_of::<W>();
-    let next = source.as_ptr().wrapping_add(k * PANEL) as *const u8;
     for (t, (r, h)) in tiles(rows, plan.tile_rows).enumerate() {
         let prefetch = if count == 1 {
             Prefetch { from: (source.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES), step }
@@ -451,7 +558,7 @@ mod tests {
     }
 
     fn odd_shapes_match<S: Simd>() {
-        let small = (1..=40).flat_map(|m| [(m, 19, 7), (m, 33, 10), (m, 44, 16), (m, 70, 21)]);
+        let small = (1..=40).flat_map(|m| [(m, 19, 7), (m, 33, 10), (m, 44, 16), (m, 70, 75)]);
         let sliced = [(33, 1100, 25), (17, 3000, 13), (200, 1000, 30), (47, 5, 1), (20, 0, 3), (5, 0, 3)];
         for (m, k, n) in small.chain(sliced) {
             let x = values(m * k, 7, 23);
@@ -484,9 +591,9 @@ mod tests {
 
     fn rows_alone_match_batched<S: Simd, W: Elem + Default>() {
         const ROWS: usize = 40;
-        // Up to 12 rows stream panels whole, more take the sliced order; k = 1,500 makes
-        // several blocks of rows.
-        for &(k, n) in &[(44usize, 9usize), (512, 33), (1500, 20)] {
+        // One or two rows stream groups of panels (75 columns: groups of 4 and 1, and of
+        // 2), up to 12 whole panels, more take the sliced order.
+        for &(k, n) in &[(44usize, 75usize), (512, 33), (1500, 20)] {
             let x = values(ROWS * k, 7, 23);
             let w: Vec<W> = values(n * k, 5, 19).into_iter().map(W::from_f32).collect();
             let alone: Vec<f32> = (0..ROWS).flat_map(|r| run::<S, W>(&x[r * k..(r + 1) * k], &w, 1, k, n)).collect();
