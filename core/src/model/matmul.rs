@@ -3,10 +3,11 @@
 //! weights are widened to f32 in registers (F16C or AVX-512 conversions), so a half-size
 //! model streams half the bytes; sums stay f32.
 //!
-//! One micro-kernel serves every row count: it broadcasts one value of each of up to
+//! Every row count uses one scheme: a micro-kernel broadcasts one value of each of up to
 //! [`rows_per_tile`] rows of `x` against the 16 weights of a panel at that position of
-//! `k`, into 16-wide accumulators. Every output is therefore one chain of fused
-//! multiply-adds in the order of `k`, whatever rows it shares a step with: a row's result
+//! `k`, into 16-wide accumulators (one or two rows take several panels side by side, the
+//! same way). Every output is therefore one chain of fused multiply-adds from zero in the
+//! order of `k`, whatever rows it shares a step with: a row's result
 //! is bit-equal alone, in a decode batch of 3 or in a prefill chunk of 2,000 rows, on
 //! every kernel path. That is what makes `n` choices equal their `n = 1` runs, and a
 //! request's output independent of the traffic around it.
@@ -297,9 +298,9 @@ fn stream_panel_groups<S: Simd, W: Elem>(
     panels: std::ops::Range<usize>,
 ) {
     let group = if plan.m == 1 { GROUP } else { GROUP / 2 };
-    let k = plan.k;
-    for j in panels.clone().step_by(group) {
-        let count = group.min(panels.end - j);
+    let (k, end) = (plan.k, panels.end);
+    for j in panels.step_by(group) {
+        let count = group.min(end - j);
         let ws = &w.data[j * k * PANEL..(j + count) * k * PANEL];
         // Safety: panels j..j + count lie inside the output's width, written by this task alone.
         let y = unsafe { out.0.add(j * PANEL) };
