@@ -299,79 +299,24 @@ fn stream_panel_groups<S: Simd, W: Elem>(
 ) {
     let group = if plan.m == 1 { GROUP } else { GROUP / 2 };
     let (k, end) = (plan.k, panels.end);
+    let panel_bytes = k * PANEL * std::mem::size_of::<W>();
     for j in panels.step_by(group) {
         let count = group.min(end - j);
         let ws = &w.data[j * k * PANEL..(j + count) * k * PANEL];
         // Safety: panels j..j + count lie inside the output's width, written by this task alone.
         let y = unsafe { out.0.add(j * PANEL) };
-        let at = GroupAt { xs: x, ws, k, y, y_stride: plan.width };
+        let from = (ws.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
+        let prefetch = Prefetch { from, step: PANEL * std::mem::size_of::<W>(), panel_bytes };
+        let at = TileAt { xs: x, ws, panel_stride: k * PANEL, y, y_stride: plan.width, accumulate: false, prefetch };
         macro_rules! dispatch {
             ($(($r:literal, $g:literal))*) => {
                 match (plan.m, count) {
-                    $(($r, $g) => micro_group::<S, W, $r, $g>(at),)*
+                    $(($r, $g) => micro::<S, W, $r, $g>(at),)*
                     _ => unreachable!("one or two rows, at most GROUP panels"),
                 }
             };
         }
         dispatch!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2));
-    }
-}
-
-/// A group's operands: `xs` `[k][R]`, `ws` G whole panels one after another.
-#[derive(Clone, Copy)]
-struct GroupAt<'a, V> {
-    xs: &'a [f32],
-    ws: &'a [V],
-    k: usize,
-    y: *mut f32,
-    y_stride: usize,
-}
-
-/// `R` rows × `G` whole panels; see [`stream_panel_groups`].
-#[inline(never)]
-fn micro_group<S: Simd, V: Elem, const R: usize, const G: usize>(at: GroupAt<V>) {
-    let per_row = PANEL / S::LANES;
-    let k = at.k;
-    assert!(at.xs.len() == k * R && at.ws.len() == G * k * PANEL && per_row <= 2);
-    let (xs, ws) = (at.xs.as_ptr(), at.ws.as_ptr());
-    let step = PANEL * std::mem::size_of::<V>();
-    // Safety: the assert bounds every load; the caller vouches for the R rows × G panels
-    // of y; prefetches never fault.
-    unsafe {
-        let mut acc = [[[S::zero(); 2]; G]; R];
-        let mut p0 = 0;
-        while p0 < k {
-            let p1 = (p0 + CHUNK).min(k);
-            for g in 0..G {
-                let from = (ws.add(g * k * PANEL + p0 * PANEL) as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
-                S::prefetch_bytes(from, (p1 - p0) * step);
-            }
-            for p in p0..p1 {
-                for g in 0..G {
-                    let w: [S::V; 2] = std::array::from_fn(|v| {
-                        if v < per_row {
-                            V::load::<S>(ws.add(g * k * PANEL + p * PANEL + v * S::LANES))
-                        } else {
-                            S::zero()
-                        }
-                    });
-                    for a in 0..R {
-                        let xv = S::splat(*xs.add(p * R + a));
-                        for v in 0..per_row {
-                            acc[a][g][v] = S::fma(xv, w[v], acc[a][g][v]);
-                        }
-                    }
-                }
-            }
-            p0 = p1;
-        }
-        for (a, row) in acc.iter().enumerate() {
-            for (g, panel) in row.iter().enumerate() {
-                for (v, lanes) in panel.iter().enumerate().take(per_row) {
-                    S::store(at.y.add(a * at.y_stride + g * PANEL + v * S::LANES), *lanes);
-                }
-            }
-        }
     }
 }
 
@@ -385,12 +330,13 @@ struct Spot {
     next: *const u8,
 }
 
-/// What a tile asks the memory system for as it goes: from `from`, `step` bytes further
-/// per position of `k`.
+/// What a micro-kernel asks the memory system for as it goes: for its panel `g`, from
+/// `from + g · panel_bytes`, `step` bytes further per position of `k`.
 #[derive(Clone, Copy)]
 struct Prefetch {
     from: *const u8,
     step: usize,
+    panel_bytes: usize,
 }
 
 /// The tiles of rows `rows` against one panel slice. The next slice the task walks (in
@@ -414,17 +360,19 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
     let step = PANEL * std::mem::size_of::<W>();
     for (t, (r, h)) in tiles(rows, plan.tile_rows).enumerate() {
         let prefetch = if count == 1 {
-            Prefetch { from: (source.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES), step }
+            let from = (source.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
+            Prefetch { from, step, panel_bytes: 0 }
         } else {
             // Tile t walks its share of the next slice, at 1/count of the pace.
             let share = source.len() * std::mem::size_of::<W>() / count;
-            Prefetch { from: next.wrapping_add(t * share), step: step.div_ceil(count) }
+            Prefetch { from: next.wrapping_add(t * share), step: step.div_ceil(count), panel_bytes: 0 }
         };
         let xs = &x[r * k + p0 * h..r * k + p1 * h];
         // Safety: rows r..r + h and the 16 columns of panel j lie inside the m × width
         // output, and no other task writes panel j.
         let y = unsafe { out.0.add(r * plan.width + j * PANEL) };
-        let tile_at = TileAt { xs, ws: slice, y, y_stride: plan.width, accumulate: p0 > 0, prefetch };
+        let tile_at =
+            TileAt { xs, ws: slice, panel_stride: slice.len(), y, y_stride: plan.width, accumulate: p0 > 0, prefetch };
         dispatch_tile::<S, V>(h, tile_at);
     }
 }
@@ -434,8 +382,9 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
 struct TileAt<'a, V> {
     /// The tile's rows of `x`, `[positions][rows]`.
     xs: &'a [f32],
-    /// The panel slice, `[positions][16]`.
+    /// The kernel's panel slices, `[positions][16]` each, `panel_stride` elements apart.
     ws: &'a [V],
+    panel_stride: usize,
     /// The tile's first output; rows `y_stride` apart.
     y: *mut f32,
     y_stride: usize,
@@ -448,7 +397,7 @@ fn dispatch_tile<S: Simd, V: Elem>(rows: usize, at: TileAt<V>) {
     macro_rules! dispatch {
         ($($r:literal)*) => {
             match rows {
-                $($r => micro::<S, V, $r>(at),)*
+                $($r => micro::<S, V, $r, 1>(at),)*
                 _ => unreachable!("tiles are at most MAX_TILE_ROWS rows"),
             }
         };
@@ -456,51 +405,62 @@ fn dispatch_tile<S: Simd, V: Elem>(rows: usize, at: TileAt<V>) {
     dispatch!(1 2 3 4 5 6 7 8 9 10 11 12);
 }
 
-/// `R` rows × one panel over the slice's positions, in `R · PANEL / LANES` vector
+/// `R` rows × `G` panels over the slices' positions, in `R · G · PANEL / LANES` vector
 /// accumulators: per position, one fused multiply-add per output, in order. Never
 /// inlined: merged into one large caller, LLVM spilled accumulators across the loop
 /// (a store and a reload on every position's chain; f16 at one row ran at half speed).
 #[inline(never)]
-fn micro<S: Simd, V: Elem, const R: usize>(at: TileAt<V>) {
+fn micro<S: Simd, V: Elem, const R: usize, const G: usize>(at: TileAt<V>) {
     let per_row = PANEL / S::LANES;
-    let positions = at.ws.len() / PANEL;
-    assert!(at.xs.len() == positions * R && per_row <= 2);
+    let positions = at.xs.len() / R;
+    let stride = at.panel_stride;
+    assert!(per_row <= 2 && at.xs.len() == positions * R && positions * PANEL <= stride);
+    assert!(at.ws.len() == (G - 1) * stride + positions * PANEL);
     let (xs, ws) = (at.xs.as_ptr(), at.ws.as_ptr());
     // Safety: the assert bounds every x and weight load; the caller vouches for the R
-    // rows × PANEL columns of y; prefetches may point anywhere, they never fault.
+    // rows × G panels of y; prefetches may point anywhere, they never fault.
     unsafe {
-        let mut acc = [[S::zero(); 2]; R];
+        let mut acc = [[[S::zero(); 2]; G]; R];
         if at.accumulate {
             for (a, row) in acc.iter_mut().enumerate() {
-                for (v, lanes) in row.iter_mut().enumerate().take(per_row) {
-                    *lanes = S::load(at.y.add(a * at.y_stride + v * S::LANES));
+                for (g, panel) in row.iter_mut().enumerate() {
+                    for (v, lanes) in panel.iter_mut().enumerate().take(per_row) {
+                        *lanes = S::load(at.y.add(a * at.y_stride + g * PANEL + v * S::LANES));
+                    }
                 }
             }
         }
+        let Prefetch { from, step, panel_bytes } = at.prefetch;
         let mut p0 = 0;
         while p0 < positions {
             let p1 = (p0 + CHUNK).min(positions);
-            S::prefetch_bytes(at.prefetch.from.wrapping_add(p0 * at.prefetch.step), (p1 - p0) * at.prefetch.step);
+            for g in 0..G {
+                S::prefetch_bytes(from.wrapping_add(g * panel_bytes + p0 * step), (p1 - p0) * step);
+            }
             for p in p0..p1 {
-                let w: [S::V; 2] = std::array::from_fn(|v| {
-                    if v < per_row {
-                        V::load::<S>(ws.add(p * PANEL + v * S::LANES))
-                    } else {
-                        S::zero()
-                    }
-                });
-                for (a, row) in acc.iter_mut().enumerate() {
-                    let xv = S::splat(*xs.add(p * R + a));
-                    for v in 0..per_row {
-                        row[v] = S::fma(xv, w[v], row[v]);
+                for g in 0..G {
+                    let w: [S::V; 2] = std::array::from_fn(|v| {
+                        if v < per_row {
+                            V::load::<S>(ws.add(g * stride + p * PANEL + v * S::LANES))
+                        } else {
+                            S::zero()
+                        }
+                    });
+                    for a in 0..R {
+                        let xv = S::splat(*xs.add(p * R + a));
+                        for v in 0..per_row {
+                            acc[a][g][v] = S::fma(xv, w[v], acc[a][g][v]);
+                        }
                     }
                 }
             }
             p0 = p1;
         }
         for (a, row) in acc.iter().enumerate() {
-            for (v, lanes) in row.iter().enumerate().take(per_row) {
-                S::store(at.y.add(a * at.y_stride + v * S::LANES), *lanes);
+            for (g, panel) in row.iter().enumerate() {
+                for (v, lanes) in panel.iter().enumerate().take(per_row) {
+                    S::store(at.y.add(a * at.y_stride + g * PANEL + v * S::LANES), *lanes);
+                }
             }
         }
     }
