@@ -138,6 +138,23 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
     let bytes: usize = mats.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
     let x = vec![1.0f32; m * 6144];
     let mut y = vec![0f32; m * 151_936];
+    // `MATMUL_PARTS=1`: the layers' matrices and the head timed apart (per-call costs
+    // weigh on the small layer matrices, not on the head).
+    if std::env::var_os("MATMUL_PARTS").is_some() {
+        let (layers_only, head) = mats.split_at(mats.len() - 1);
+        for _ in 0..3 {
+            for (name, part) in [("layers", layers_only), ("head", head), ("all", &mats[..])] {
+                let b: usize = part.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
+                let t = best_of(5, || {
+                    for (k, n, w) in part {
+                        matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);
+                    }
+                });
+                println!("{name} m={m}: {} matrices {:.2} ms {:.1} GB/s", part.len(), t * 1e3, b as f64 / t / 1e9);
+            }
+        }
+        return;
+    }
     let t = best_of(5, || {
         for (k, n, w) in &mats {
             matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);

@@ -2,6 +2,8 @@
 //! on row-major f32 buffers. They run on rayon next to our matmul and attention, so a
 //! layer's step touches one thread pool, not candle's second one too.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::simd::{exp_scalar, with_active_simd, Simd};
@@ -11,12 +13,12 @@ const PARALLEL_FLOATS: usize = 1 << 16;
 
 /// Runs `f` on each `width`-float row of `out` together with the same row of `input`
 /// (`input` rows are `in_width` floats), in parallel when the buffers are large.
-fn rows_into(
-    out: &mut [f32],
+fn rows_into<T: Send>(
+    out: &mut [T],
     width: usize,
     input: &[f32],
     in_width: usize,
-    f: impl Fn(&mut [f32], &[f32]) + Sync + Send,
+    f: impl Fn(&mut [T], &[f32]) + Sync + Send,
 ) {
     if out.len() < PARALLEL_FLOATS {
         out.chunks_exact_mut(width).zip(input.chunks_exact(in_width)).for_each(|(o, i)| f(o, i));
@@ -25,43 +27,66 @@ fn rows_into(
     }
 }
 
+/// A new buffer of `len` floats, written row by row by [`rows_into`]; never zeroed first
+/// (zeroing a prefill's activations is a pass over memory for nothing).
+///
+/// # Safety
+/// `f` writes every element of each row it is given.
+unsafe fn new_rows(
+    len: usize,
+    width: usize,
+    input: &[f32],
+    in_width: usize,
+    f: impl Fn(&mut [MaybeUninit<f32>], &[f32]) + Sync + Send,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len);
+    rows_into(&mut out.spare_capacity_mut()[..len], width, input, in_width, f);
+    // Safety: f wrote all `len` elements (the caller's promise).
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// `x / rms(x) · weight` per row of `width` floats.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     let width = weight.len();
     assert_eq!(x.len() % width, 0);
-    let mut out = vec![0f32; x.len()];
-    rows_into(&mut out, width, x, width, |o, row| {
+    let normalize = |o: &mut [MaybeUninit<f32>], row: &[f32]| {
         let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
         let inv = 1.0 / (mean_sq + eps).sqrt();
         for ((o, v), w) in o.iter_mut().zip(row).zip(weight) {
-            *o = v * inv * w;
+            o.write(v * inv * w);
         }
-    });
-    out
+    };
+    // Safety: `normalize` writes each of the row's `width` outputs.
+    unsafe { new_rows(x.len(), width, x, width, normalize) }
 }
 
 /// `silu(gate) · up` per row, from rows laid out `[gate (width) | up (width)]`.
 pub fn silu_mul(gate_up: &[f32], width: usize) -> Vec<f32> {
     assert_eq!(gate_up.len() % (2 * width), 0);
-    let mut out = vec![0f32; gate_up.len() / 2];
-    with_active_simd!(S => rows_into(&mut out, width, gate_up, 2 * width, |o, row| silu_mul_row::<S>(o, row, width)));
-    out
+    let len = gate_up.len() / 2;
+    // Safety: `silu_mul_row` writes each of the row's `width` outputs.
+    with_active_simd!(S => unsafe { new_rows(len, width, gate_up, 2 * width, |o, row| silu_mul_row::<S>(o, row, width)) })
 }
 
-fn silu_mul_row<S: Simd>(out: &mut [f32], row: &[f32], width: usize) {
+/// Writes every element of `out` (`width` floats).
+fn silu_mul_row<S: Simd>(out: &mut [MaybeUninit<f32>], row: &[f32], width: usize) {
     let (gate, up) = row.split_at(width);
+    assert!(out.len() == width && gate.len() == width && up.len() == width);
     let full = width / S::LANES * S::LANES;
-    let mut e = [0f32; 16];
-    assert!(S::LANES <= e.len());
+    let dst = out.as_mut_ptr() as *mut f32;
     for c in (0..full).step_by(S::LANES) {
-        // SAFETY: c + LANES <= full <= width, the length of gate and e's LANES.
-        unsafe { S::store(e.as_mut_ptr(), S::exp(S::sub(S::zero(), S::load(gate.as_ptr().add(c))))) };
-        for l in 0..S::LANES {
-            out[c + l] = gate[c + l] / (1.0 + e[l]) * up[c + l];
+        // SAFETY: c + LANES <= full <= width, the length of out, gate and up. The lanes
+        // round as the scalar tail does: gate / (1 + e^-gate), then · up.
+        unsafe {
+            let g = S::load(gate.as_ptr().add(c));
+            let e = S::exp(S::sub(S::zero(), g));
+            let silu = S::div(g, S::add(S::splat(1.0), e));
+            S::store(dst.add(c), S::mul(silu, S::load(up.as_ptr().add(c))));
         }
     }
     for i in full..width {
-        out[i] = gate[i] / (1.0 + exp_scalar(-gate[i])) * up[i];
+        out[i].write(gate[i] / (1.0 + exp_scalar(-gate[i])) * up[i]);
     }
 }
 

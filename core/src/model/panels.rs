@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 use super::error::{ModelError, Result};
 use super::huge_pages::prefer_huge_pages;
 use super::linear::with_slice;
-use super::matmul::{matmul_xwt, pack_panels, panel_len, Panels};
+use super::matmul::{matmul_xwt_to_vec, pack_panels, panel_len, Panels};
 use super::simd::Elem;
 
 /// One cache line of storage; a `Vec` of them is 64-byte aligned.
@@ -91,13 +91,11 @@ impl PanelMatrix {
         if x.len() != m * self.cols {
             return Err(ModelError::Unsupported(format!("{m} rows of {} values into {self:?}", x.len() / m.max(1))));
         }
-        let mut y = vec![0f32; m * self.rows];
-        match self.kind {
-            PanelType::F32 => matmul_xwt(x, self.panels::<f32>(), &mut y, m),
-            PanelType::F16 => matmul_xwt(x, self.panels::<half::f16>(), &mut y, m),
-            PanelType::BF16 => matmul_xwt(x, self.panels::<half::bf16>(), &mut y, m),
-        }
-        Ok(y)
+        Ok(match self.kind {
+            PanelType::F32 => matmul_xwt_to_vec(x, self.panels::<f32>(), m),
+            PanelType::F16 => matmul_xwt_to_vec(x, self.panels::<half::f16>(), m),
+            PanelType::BF16 => matmul_xwt_to_vec(x, self.panels::<half::bf16>(), m),
+        })
     }
 
     /// Rows `ids`, widened to f32, one after another (an embedding lookup from a table

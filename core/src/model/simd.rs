@@ -37,6 +37,8 @@ pub trait Simd: Copy + Send + Sync + 'static {
     fn mul(a: Self::V, b: Self::V) -> Self::V;
     fn add(a: Self::V, b: Self::V) -> Self::V;
     fn sub(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b` per lane, correctly rounded (the same bits as a scalar division).
+    fn div(a: Self::V, b: Self::V) -> Self::V;
     fn max(a: Self::V, b: Self::V) -> Self::V;
     fn sum(v: Self::V) -> f32;
     fn max_lane(v: Self::V) -> f32;
@@ -291,6 +293,10 @@ impl Simd for Avx512 {
         unsafe { std::arch::x86_64::_mm512_sub_ps(a, b) }
     }
     #[inline(always)]
+    fn div(a: Self::V, b: Self::V) -> Self::V {
+        unsafe { std::arch::x86_64::_mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
     fn add(a: Self::V, b: Self::V) -> Self::V {
         unsafe { std::arch::x86_64::_mm512_add_ps(a, b) }
     }
@@ -380,6 +386,10 @@ impl Simd for Avx2 {
     #[inline(always)]
     fn sub(a: Self::V, b: Self::V) -> Self::V {
         unsafe { std::arch::x86_64::_mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    fn div(a: Self::V, b: Self::V) -> Self::V {
+        unsafe { std::arch::x86_64::_mm256_div_ps(a, b) }
     }
     #[inline(always)]
     fn add(a: Self::V, b: Self::V) -> Self::V {
@@ -480,6 +490,10 @@ impl Simd for Portable {
     #[inline(always)]
     fn sub(a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|l| a[l] - b[l])
+    }
+    #[inline(always)]
+    fn div(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|l| a[l] / b[l])
     }
     #[inline(always)]
     fn add(a: Self::V, b: Self::V) -> Self::V {
