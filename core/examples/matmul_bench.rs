@@ -135,32 +135,24 @@ fn stack_of<W: tokenrouter_core::model::simd::Elem>(m: usize) {
     if std::env::var_os("MATMUL_HUGE").is_some() {
         return huge_against_small_pages(m, mats);
     }
-    let bytes: usize = mats.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
     let x = vec![1.0f32; m * 6144];
     let mut y = vec![0f32; m * 151_936];
-    // `MATMUL_PARTS=1`: the layers' matrices and the head timed apart (per-call costs
+    // `MATMUL_PARTS=1`: the layers' matrices and the head timed apart too (per-call costs
     // weigh on the small layer matrices, not on the head).
+    let (layers, head) = mats.split_at(mats.len() - 1);
+    let mut parts = vec![("stack", &mats[..])];
     if std::env::var_os("MATMUL_PARTS").is_some() {
-        let (layers_only, head) = mats.split_at(mats.len() - 1);
-        for _ in 0..3 {
-            for (name, part) in [("layers", layers_only), ("head", head), ("all", &mats[..])] {
-                let b: usize = part.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
-                let t = best_of(5, || {
-                    for (k, n, w) in part {
-                        matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);
-                    }
-                });
-                println!("{name} m={m}: {} matrices {:.2} ms {:.1} GB/s", part.len(), t * 1e3, b as f64 / t / 1e9);
-            }
-        }
-        return;
+        parts.extend([("layers", layers), ("head", head)]);
     }
-    let t = best_of(5, || {
-        for (k, n, w) in &mats {
-            matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);
-        }
-    });
-    println!("stack m={m}: {:.2} ms, {:.1} GB/s", t * 1e3, bytes as f64 / t / 1e9);
+    for (name, part) in parts {
+        let bytes: usize = part.iter().map(|(k, n, _)| k * n * std::mem::size_of::<W>()).sum();
+        let t = best_of(5, || {
+            for (k, n, w) in part {
+                matmul_xwt(&x[..m * k], Panels::new(w, *n, *k), &mut y[..m * n], m);
+            }
+        });
+        println!("{name} m={m}: {:.2} ms, {:.1} GB/s ({} matrices)", t * 1e3, bytes as f64 / t / 1e9, part.len());
+    }
 }
 
 /// `MATMUL_HUGE=1`: the same stack from 4 KiB and from 2 MiB pages, timed alternately.

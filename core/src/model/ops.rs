@@ -11,24 +11,10 @@ use super::simd::{exp_scalar, with_active_simd, Simd};
 /// Below this many floats a step runs on the calling thread: forking costs more.
 const PARALLEL_FLOATS: usize = 1 << 16;
 
-/// Runs `f` on each `width`-float row of `out` together with the same row of `input`
-/// (`input` rows are `in_width` floats), in parallel when the buffers are large.
-fn rows_into<T: Send>(
-    out: &mut [T],
-    width: usize,
-    input: &[f32],
-    in_width: usize,
-    f: impl Fn(&mut [T], &[f32]) + Sync + Send,
-) {
-    if out.len() < PARALLEL_FLOATS {
-        out.chunks_exact_mut(width).zip(input.chunks_exact(in_width)).for_each(|(o, i)| f(o, i));
-    } else {
-        out.par_chunks_mut(width).zip(input.par_chunks(in_width)).for_each(|(o, i)| f(o, i));
-    }
-}
-
-/// A new buffer of `len` floats, written row by row by [`rows_into`]; never zeroed first
-/// (zeroing a prefill's activations is a pass over memory for nothing).
+/// A new buffer of `len` floats: `f` runs on each `width`-float row of it together with
+/// the same row of `input` (`input` rows are `in_width` floats), in parallel when the
+/// buffer is large. Never zeroed first (zeroing a prefill's activations is a pass over
+/// memory for nothing).
 ///
 /// # Safety
 /// `f` writes every element of each row it is given.
@@ -40,7 +26,12 @@ unsafe fn new_rows(
     f: impl Fn(&mut [MaybeUninit<f32>], &[f32]) + Sync + Send,
 ) -> Vec<f32> {
     let mut out = Vec::with_capacity(len);
-    rows_into(&mut out.spare_capacity_mut()[..len], width, input, in_width, f);
+    let rows = &mut out.spare_capacity_mut()[..len];
+    if len < PARALLEL_FLOATS {
+        rows.chunks_exact_mut(width).zip(input.chunks_exact(in_width)).for_each(|(o, i)| f(o, i));
+    } else {
+        rows.par_chunks_mut(width).zip(input.par_chunks(in_width)).for_each(|(o, i)| f(o, i));
+    }
     // Safety: f wrote all `len` elements (the caller's promise).
     unsafe { out.set_len(len) };
     out
