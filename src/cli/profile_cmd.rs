@@ -102,7 +102,7 @@ fn print_table(p: &Profile, dtype: WeightDtype) {
     batches.dedup();
     print!("{:>8}", "batch");
     for c in &contexts {
-        print!("{:>28}", format!("ctx {c}"));
+        print!("{:>32}", format!("ctx {c}"));
     }
     println!();
     for b in &batches {
@@ -110,17 +110,24 @@ fn print_table(p: &Profile, dtype: WeightDtype) {
         for c in &contexts {
             let cell = match p.decode_at(*b, *c) {
                 Some(d) => {
-                    let limit =
-                        if *b == 1 { p.bandwidth_bound_tokens_per_sec() } else { p.gemm_bound_tokens_per_sec() };
-                    format!("{:.1} ({:.0}, {:.0}%)", d.step_ms, d.tokens_per_sec, 100.0 * d.tokens_per_sec / limit)
+                    let beside =
+                        p.fraction_of_limit_beside_steps(d).map_or(String::new(), |f| format!("/{:.0}", 100.0 * f));
+                    format!(
+                        "{:.1} ({:.0}, {:.0}{beside}%)",
+                        d.step_ms,
+                        d.tokens_per_sec,
+                        100.0 * p.fraction_of_limit(d)
+                    )
                 }
                 None => "-".into(),
             };
-            print!("{cell:>28}");
+            print!("{cell:>32}");
         }
         println!();
     }
-    println!("(batch 1 is compared with the read-bandwidth limit, larger batches with the GEMM limit)");
+    println!(
+        "(batch 1 is compared with the read-bandwidth limit, larger batches with the GEMM limit: as measured at the start / as sampled beside the point's own steps)"
+    );
     for (title, points) in [("prefill", &p.prefill), ("extend (context 512)", &p.extend)] {
         println!("\n{title}:");
         for x in points {

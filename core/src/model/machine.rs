@@ -38,17 +38,39 @@ pub fn measure() -> MachineLimits {
 
 /// Best of several vectorized sums over an array far larger than any cache.
 pub fn measure_read_bandwidth() -> f64 {
-    const N: usize = 64 << 20; // 256 MiB
-    let data = vec![1.0f32; N];
-    let chunk = N / (rayon::current_num_threads() * 8).max(1);
-    let mut best = f64::INFINITY;
-    for _ in 0..6 {
-        let t = Instant::now();
-        let total: f32 = data.par_chunks(chunk).map(sum_lanes).sum();
-        std::hint::black_box(total);
-        best = best.min(t.elapsed().as_secs_f64());
+    let probe = ReadProbe::new();
+    (0..6).map(|_| probe.sample_gbps()).fold(0.0, f64::max)
+}
+
+/// An array far larger than any cache, summed once per sample: the read bandwidth of
+/// the moment. A profile samples it between its batch-1 steps: on a shared host the
+/// bandwidth drifts by a third within minutes, so only a sample taken beside a step
+/// says what fraction of the limit that step reached.
+pub struct ReadProbe {
+    data: Vec<f32>,
+}
+
+impl ReadProbe {
+    const FLOATS: usize = 64 << 20; // 256 MiB
+
+    pub fn new() -> Self {
+        ReadProbe { data: vec![1.0f32; Self::FLOATS] }
     }
-    (N * 4) as f64 / best / 1e9
+
+    /// One pass over the array, in GB/s (10^9 bytes).
+    pub fn sample_gbps(&self) -> f64 {
+        let chunk = self.data.len() / (rayon::current_num_threads() * 8).max(1);
+        let t = Instant::now();
+        let total: f32 = self.data.par_chunks(chunk).map(sum_lanes).sum();
+        std::hint::black_box(total);
+        std::mem::size_of_val(&self.data[..]) as f64 / t.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+impl Default for ReadProbe {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Sums with independent lanes, which the compiler turns into vector adds.
@@ -120,9 +142,40 @@ pub fn measure_candle_gemm() -> candle_core::Result<f64> {
 
 /// `y = x · Wᵀ` through the kernel the model's linear layers use.
 pub fn measure_own_gemm() -> f64 {
-    use super::matmul::{matmul_xwt, panel_len, Panels};
-    let x = vec![1.0f32; GEMM_N * GEMM_N];
-    let w = vec![1.0f32; panel_len(GEMM_N, GEMM_N)];
-    let mut y = vec![0f32; GEMM_N * GEMM_N];
-    gflops(best_seconds(4, || matmul_xwt(&x, Panels::new(&w, GEMM_N, GEMM_N), &mut y, GEMM_N)))
+    let mut probe = GemmProbe::new();
+    (0..4).map(|_| probe.sample_gflops()).fold(0.0, f64::max)
+}
+
+/// Operands of a 2048³ product through our kernel, multiplied once per sample: the GEMM
+/// rate of the moment, sampled between batched steps as [`ReadProbe`] is between
+/// batch-1 steps.
+pub struct GemmProbe {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl GemmProbe {
+    pub fn new() -> Self {
+        use super::matmul::panel_len;
+        GemmProbe {
+            x: vec![1.0f32; GEMM_N * GEMM_N],
+            w: vec![1.0f32; panel_len(GEMM_N, GEMM_N)],
+            y: vec![0f32; GEMM_N * GEMM_N],
+        }
+    }
+
+    /// One product, in GFLOP/s.
+    pub fn sample_gflops(&mut self) -> f64 {
+        use super::matmul::{matmul_xwt, Panels};
+        let t = Instant::now();
+        matmul_xwt(&self.x, Panels::new(&self.w, GEMM_N, GEMM_N), &mut self.y, GEMM_N);
+        gflops(t.elapsed().as_secs_f64())
+    }
+}
+
+impl Default for GemmProbe {
+    fn default() -> Self {
+        Self::new()
+    }
 }

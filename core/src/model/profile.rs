@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::backend::{Backend, RowInput};
 use super::error::Result;
 use super::kv::KvSeq;
-use super::machine::MachineLimits;
+use super::machine::{median, GemmProbe, MachineLimits, ReadProbe};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProfileSpec {
@@ -43,6 +43,12 @@ pub struct DecodePoint {
     /// Median step latency, milliseconds.
     pub step_ms: f64,
     pub tokens_per_sec: f64,
+    /// The limit this point is held against, sampled after each of its timed steps (the
+    /// median): read GB/s at batch 1, our GEMM's GFLOP/s above. The host's speed drifts
+    /// within minutes, so the fraction of this one compares the step and the limit under
+    /// the same load; [`Profile::machine`] was measured once, at the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_beside_steps: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,13 +77,39 @@ pub struct Profile {
 impl Profile {
     /// Batch-1 decode limit: every weight byte read once per step.
     pub fn bandwidth_bound_tokens_per_sec(&self) -> f64 {
-        self.machine.read_gbps * 1e9 / self.weight_bytes as f64
+        self.tokens_per_sec_at_read(self.machine.read_gbps)
     }
 
     /// Large-batch decode limit: two FLOPs per matmul weight per token (every decoded
     /// token goes through the LM head).
     pub fn gemm_bound_tokens_per_sec(&self) -> f64 {
-        self.machine.gemm_gflops * 1e9 / (2.0 * self.matmul_parameters_per_token(true) as f64)
+        self.tokens_per_sec_at_gemm(self.machine.gemm_gflops)
+    }
+
+    fn tokens_per_sec_at_read(&self, gbps: f64) -> f64 {
+        gbps * 1e9 / self.weight_bytes as f64
+    }
+
+    fn tokens_per_sec_at_gemm(&self, gflops: f64) -> f64 {
+        gflops * 1e9 / (2.0 * self.matmul_parameters_per_token(true) as f64)
+    }
+
+    /// A decode point's tokens/s as a fraction of its limit (bandwidth at batch 1, GEMM
+    /// above) as measured at the start of the run.
+    pub fn fraction_of_limit(&self, point: &DecodePoint) -> f64 {
+        let limit = if point.batch == 1 { self.machine.read_gbps } else { self.machine.gemm_gflops };
+        self.fraction_at(point, limit)
+    }
+
+    /// The same fraction against the limit sampled beside the point's own steps.
+    pub fn fraction_of_limit_beside_steps(&self, point: &DecodePoint) -> Option<f64> {
+        point.limit_beside_steps.map(|limit| self.fraction_at(point, limit))
+    }
+
+    fn fraction_at(&self, point: &DecodePoint, limit: f64) -> f64 {
+        let tokens_per_sec =
+            if point.batch == 1 { self.tokens_per_sec_at_read(limit) } else { self.tokens_per_sec_at_gemm(limit) };
+        point.tokens_per_sec / tokens_per_sec
     }
 
     /// Prefill limit: the LM head runs once per row, not per token.
@@ -111,16 +143,25 @@ pub fn run(
     mut progress: impl FnMut(&str),
 ) -> Result<Profile> {
     let mut decode = Vec::new();
+    let mut probes = LimitProbes::default();
     for &context in &spec.contexts {
         for &batch in &spec.batch_sizes {
             if batch * (context + spec.steps + 1) > spec.max_kv_tokens.min(token_room(backend)) {
                 continue;
             }
             progress(&format!("decode batch {batch} context {context}"));
-            let ms = time_steps(backend, batch, context, 1, 1, spec.steps)?;
-            decode.push(DecodePoint { batch, context, step_ms: ms, tokens_per_sec: batch as f64 * 1e3 / ms });
+            let mut limits = Vec::new();
+            let ms = time_steps(backend, batch, context, 1, 1, spec.steps, || limits.push(probes.sample(batch)))?;
+            decode.push(DecodePoint {
+                batch,
+                context,
+                step_ms: ms,
+                tokens_per_sec: batch as f64 * 1e3 / ms,
+                limit_beside_steps: (!limits.is_empty()).then(|| median(&limits)),
+            });
         }
     }
+    drop(probes);
     let mut prefill = Vec::new();
     for &len in &spec.prefill_lengths {
         if len > backend.config().max_position_embeddings || len + 1 > token_room(backend) {
@@ -129,7 +170,7 @@ pub fn run(
         progress(&format!("prefill {len}"));
         // A long prompt is its own warm-up, and repeating one costs minutes on a CPU.
         let (warmups, timed) = if len >= LONG_PREFILL { (0, 1) } else { (1, spec.steps.min(2)) };
-        let ms = time_steps(backend, 1, 0, len, warmups, timed)?;
+        let ms = time_steps(backend, 1, 0, len, warmups, timed, || {})?;
         prefill.push(PrefillPoint {
             batch: 1,
             tokens_per_row: len,
@@ -144,7 +185,7 @@ pub fn run(
             continue;
         }
         progress(&format!("extend batch {batch} × {k} tokens"));
-        let ms = time_steps(backend, batch, 512, k, 1, spec.steps)?;
+        let ms = time_steps(backend, batch, 512, k, 1, spec.steps, || {})?;
         extend.push(PrefillPoint {
             batch,
             tokens_per_row: k,
@@ -188,10 +229,30 @@ fn fill_context(backend: &mut dyn Backend, seq: &mut KvSeq, context: usize, toke
     Ok(())
 }
 
+/// The machine's limits, sampled between decode steps; each probe's buffers are
+/// allocated on its first use.
+#[derive(Default)]
+struct LimitProbes {
+    read: Option<ReadProbe>,
+    gemm: Option<GemmProbe>,
+}
+
+impl LimitProbes {
+    /// The limit of a step of `batch` rows: read GB/s at one row, GEMM GFLOP/s above.
+    fn sample(&mut self, batch: usize) -> f64 {
+        if batch == 1 {
+            self.read.get_or_insert_with(ReadProbe::new).sample_gbps()
+        } else {
+            self.gemm.get_or_insert_with(GemmProbe::new).sample_gflops()
+        }
+    }
+}
+
 /// Median latency of `timed` steps (after `warmups` untimed ones) feeding
-/// `tokens_per_row` tokens to `batch` rows that sit at `context` positions. The context's
-/// K/V is left as whatever the blocks hold: attention costs the same whatever the
-/// values, and prefilling long contexts would dominate.
+/// `tokens_per_row` tokens to `batch` rows that sit at `context` positions; `after_step`
+/// runs, untimed, after each timed step. The context's K/V is left as whatever the
+/// blocks hold: attention costs the same whatever the values, and prefilling long
+/// contexts would dominate.
 fn time_steps(
     backend: &mut dyn Backend,
     batch: usize,
@@ -199,6 +260,7 @@ fn time_steps(
     tokens_per_row: usize,
     warmups: usize,
     timed: usize,
+    mut after_step: impl FnMut(),
 ) -> Result<f64> {
     let vocab = backend.config().vocab_size as u32;
     let mut seqs: Vec<KvSeq> = (0..batch).map(|_| backend.new_sequence()).collect();
@@ -221,12 +283,12 @@ fn time_steps(
         backend.forward(&mut rows, false)?;
         if step >= warmups {
             times.push(t.elapsed().as_secs_f64() * 1e3);
+            after_step();
         }
         if context == 0 {
             // Prefill: start again from an empty sequence each time.
             seqs.iter_mut().for_each(|s| s.clear());
         }
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+    Ok(median(&times))
 }
