@@ -138,23 +138,44 @@ pub struct AttentionSpec<'a> {
 
 /// One layer's attention over a packed batch: normalizes and rotates q/k in `qkv`
 /// (laid out per token as `[q heads | k heads | v heads]`), stores k/v in the paged
-/// cache, and writes each token's attention output into `out` (`num_heads * head_dim`
-/// per token). Token t attends to positions `0..=position[t]` of its row.
+/// cache, and returns each token's attention output (`num_heads * head_dim` per token,
+/// row-major). Token t attends to positions `0..=position[t]` of its row.
 pub fn paged_attention(
     store: &mut PagedKvStore,
     layer: usize,
     spec: &AttentionSpec,
     layout: &TokenLayout,
     qkv: &mut [f32],
-    out: &mut [f32],
-) {
-    let hd = spec.head_dim;
-    let width = (spec.num_heads + 2 * spec.num_kv_heads) * hd;
+) -> Vec<f32> {
+    let width = store_kv(store, layer, spec, layout, qkv);
+    // Never zeroed first (1-2 MB per layer at 512 tokens): the tasks write every output.
+    let len = layout.num_tokens() * spec.num_heads * spec.head_dim;
+    let mut out = Vec::with_capacity(len);
+    // Safety: `out` has room for `len` floats, and `attend`'s tasks write each of them
+    // once: every token lies in one task per KV head, which writes all of that head's
+    // query heads for it.
+    unsafe {
+        attend(store, layer, spec, layout, qkv, width, &SharedOut(out.as_mut_ptr()));
+        out.set_len(len);
+    }
+    out
+}
+
+/// Normalizes and rotates q/k in `qkv`, and stores k/v in the paged cache; returns the
+/// floats per token of `qkv`.
+fn store_kv(
+    store: &mut PagedKvStore,
+    layer: usize,
+    spec: &AttentionSpec,
+    layout: &TokenLayout,
+    qkv: &mut [f32],
+) -> usize {
+    let width = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim;
     qkv.par_chunks_mut(width).enumerate().for_each(|(t, token)| {
         prepare_token(spec, layout, t, token);
     });
     write_kv(store, layer, spec, layout, qkv, width);
-    attend(store, layer, spec, layout, qkv, width, out);
+    width
 }
 
 fn prepare_token(spec: &AttentionSpec, layout: &TokenLayout, t: usize, token: &mut [f32]) {
@@ -258,38 +279,49 @@ fn plan_tasks(layout: &TokenLayout, spec: &AttentionSpec) -> Vec<Task> {
     tasks
 }
 
-fn attend(
+/// Writes every token's attention output to `out`.
+///
+/// # Safety
+/// `out` is valid for writes of `tokens × num_heads × head_dim` floats, and nothing else
+/// accesses them meanwhile.
+unsafe fn attend(
     store: &PagedKvStore,
     layer: usize,
     spec: &AttentionSpec,
     layout: &TokenLayout,
     qkv: &[f32],
     width: usize,
-    out: &mut [f32],
+    out: &SharedOut,
 ) {
-    match store.dtype {
-        KvDtype::F32 => with_active_simd!(S => attend_on::<S, f32>(store, layer, spec, layout, qkv, width, out)),
-        KvDtype::F16 => with_active_simd!(S => attend_on::<S, half::f16>(store, layer, spec, layout, qkv, width, out)),
+    // Safety: the caller's promise about `out` is `attend_on`'s.
+    unsafe {
+        match store.dtype {
+            KvDtype::F32 => with_active_simd!(S => attend_on::<S, f32>(store, layer, spec, layout, qkv, width, out)),
+            KvDtype::F16 => {
+                with_active_simd!(S => attend_on::<S, half::f16>(store, layer, spec, layout, qkv, width, out))
+            }
+        }
     }
 }
 
-fn attend_on<S: Simd, E: Elem>(
+/// [`attend`] on the instruction set `S`.
+///
+/// # Safety
+/// As [`attend`].
+unsafe fn attend_on<S: Simd, E: Elem>(
     store: &PagedKvStore,
     layer: usize,
     spec: &AttentionSpec,
     layout: &TokenLayout,
     qkv: &[f32],
     width: usize,
-    out: &mut [f32],
+    out: &SharedOut,
 ) {
     let hd = spec.head_dim;
     let group = spec.num_heads / spec.num_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let bs = store.block_size;
-    assert_eq!(out.len(), layout.num_tokens() * spec.num_heads * hd);
-    let shared = SharedOut(out.as_mut_ptr());
     plan_tasks(layout, spec).par_iter().for_each(|task| {
-        let shared = &shared;
         let g = task.kv_head;
         let heads = g * group..(g + 1) * group;
         let mut q = Vec::with_capacity(task.tokens.len() * group * hd);
@@ -314,9 +346,9 @@ fn attend_on<S: Simd, E: Elem>(
         for (i, t) in task.tokens.clone().enumerate() {
             let src = &tile_out[i * group * hd..(i + 1) * group * hd];
             // SAFETY: token t's heads of group g are written by this task only, and lie
-            // inside `out` (asserted length).
+            // inside `out` (tokens × token_width floats, as the caller vouches).
             unsafe {
-                let dst = shared.0.add(t * token_width + heads.start * hd);
+                let dst = out.ptr().add(t * token_width + heads.start * hd);
                 std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
             }
         }
@@ -328,5 +360,60 @@ fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     let inv = 1.0 / (mean_sq + eps).sqrt();
     for (v, w) in x.iter_mut().zip(weight) {
         *v = *v * inv * w;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::presets::qwen3_shaped;
+
+    /// The attention output of two rows (one prefilling 9 tokens, one decoding 1 after
+    /// 20), 4 query heads over 2 KV heads, blocks of 4 slots, written over a buffer of `fill`.
+    fn attention_output(fill: f32) -> Vec<f32> {
+        let config = qwen3_shaped(64, 1, 4, 2, 64, 50);
+        let (bs, hd) = (4, config.head_dim);
+        let mut store = PagedKvStore::alone(KvGeometry::new(&config, bs, KvDtype::F32), 16, false);
+        let mut seqs: Vec<_> = [9, 21]
+            .iter()
+            .map(|&n| {
+                let mut seq = store.pool().new_sequence();
+                seq.reserve(n).unwrap();
+                seq
+            })
+            .collect();
+        store.sync();
+        let row_blocks: Vec<Vec<u32>> = seqs.iter().map(|s| s.blocks().to_vec()).collect();
+        let (mut row, mut position, mut slot) = (Vec::new(), Vec::new(), Vec::new());
+        for (r, positions) in [(0, 0..9), (1, 20..21)] {
+            for p in positions {
+                row.push(r);
+                position.push(p);
+                slot.push((row_blocks[r][p / bs], p % bs));
+            }
+        }
+        let layout = TokenLayout::new(&Rope::new(&config), row, position, slot, row_blocks);
+        let spec = AttentionSpec { num_heads: 4, num_kv_heads: 2, head_dim: hd, qk_norm: None };
+        let mut qkv: Vec<f32> =
+            (0..layout.num_tokens() * 8 * hd).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+        let width = store_kv(&mut store, 0, &spec, &layout, &mut qkv);
+        // An output the tasks did not write would keep the buffer's value.
+        let mut out = vec![fill; layout.num_tokens() * 4 * hd];
+        // Safety: `out` holds tokens × heads × head_dim floats.
+        unsafe { attend(&store, 0, &spec, &layout, &qkv, width, &SharedOut(out.as_mut_ptr())) };
+        seqs.iter_mut().for_each(|s| s.clear());
+        out
+    }
+
+    #[test]
+    fn every_output_is_written_whatever_the_memory_held() {
+        let over_nan = attention_output(f32::NAN);
+        let over_zero = attention_output(0.0);
+        assert!(over_nan.iter().all(|v| v.is_finite()), "an output kept the buffer's NaN");
+        assert_eq!(
+            over_nan.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            over_zero.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(over_nan.iter().any(|&v| v != 0.0));
     }
 }

@@ -139,17 +139,15 @@ impl Transformer {
         x: &mut [f32],
     ) -> Result<()> {
         let c = &self.config;
-        let tokens = layout.num_tokens();
         let h = ops::rms_norm(x, &layer.attn_norm, self.eps());
         let mut qkv = layer.qkv.forward_to_vec(&rows_tensor(h, c.hidden_size)?)?;
-        let mut attn = vec![0f32; tokens * c.num_heads * c.head_dim];
         let spec = AttentionSpec {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q.as_slice(), k.as_slice(), self.eps())),
         };
-        paged_attention(store, index, &spec, layout, &mut qkv, &mut attn);
+        let attn = paged_attention(store, index, &spec, layout, &mut qkv);
         let attn_out = layer.o_proj.forward_to_vec(&rows_tensor(attn, c.num_heads * c.head_dim)?)?;
         ops::add_in_place(x, &attn_out);
         let h = ops::rms_norm(x, &layer.mlp_norm, self.eps());
