@@ -315,6 +315,11 @@ const GROUP: usize = 4;
 /// last (4 cycles); side by side, the panels' chains overlap. Each output is still one
 /// chain over k in order. (Paired in one process by `examples/matmul_bench`, a `medium`
 /// stack at 1-2 rows took a median 0.86-0.97 of the time of one panel at a time.)
+///
+/// The panels stream in memory order and the hardware prefetcher follows them alone:
+/// a software prefetch per cache line made batch-1 steps slower (paired in one process
+/// by `examples/decode_bench`, steps alternately with and without it: without took
+/// 0.82-0.86 of the time at one row on `small`/`medium` f32 and f16, 0.83-0.96 at two).
 fn stream_panel_groups<S: Simd, W: Elem>(
     x: &[f32],
     w: Panels<W>,
@@ -324,15 +329,20 @@ fn stream_panel_groups<S: Simd, W: Elem>(
 ) {
     let group = if plan.m == 1 { GROUP } else { GROUP / 2 };
     let (k, end) = (plan.k, panels.end);
-    let panel_bytes = k * PANEL * std::mem::size_of::<W>();
     for j in panels.step_by(group) {
         let count = group.min(end - j);
         let ws = &w.data[j * k * PANEL..(j + count) * k * PANEL];
         // Safety: panels j..j + count lie inside the output's width, written by this task alone.
         let y = unsafe { out.0.add(j * PANEL) };
-        let from = (ws.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
-        let prefetch = Prefetch { from, step: PANEL * std::mem::size_of::<W>(), panel_bytes };
-        let at = TileAt { xs: x, ws, panel_stride: k * PANEL, y, y_stride: plan.width, accumulate: false, prefetch };
+        let at = TileAt {
+            xs: x,
+            ws,
+            panel_stride: k * PANEL,
+            y,
+            y_stride: plan.width,
+            accumulate: false,
+            prefetch: Prefetch::NONE,
+        };
         macro_rules! dispatch {
             ($(($r:literal, $g:literal))*) => {
                 match (plan.m, count) {
@@ -355,13 +365,17 @@ struct Spot {
     next: *const u8,
 }
 
-/// What a micro-kernel asks the memory system for as it goes: for its panel `g`, from
-/// `from + g · panel_bytes`, `step` bytes further per position of `k`.
+/// What a micro-kernel asks the memory system for as it goes: from `from`, `step` bytes
+/// further per position of `k`.
 #[derive(Clone, Copy)]
 struct Prefetch {
     from: *const u8,
     step: usize,
-    panel_bytes: usize,
+}
+
+impl Prefetch {
+    /// No prefetches: the hardware's own suffice.
+    const NONE: Prefetch = Prefetch { from: std::ptr::null(), step: 0 };
 }
 
 /// The tiles of rows `rows` against one panel slice. The next slice the task walks (in
@@ -386,11 +400,11 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
     for (t, (r, h)) in tiles(rows, plan.tile_rows).enumerate() {
         let prefetch = if count == 1 {
             let from = (source.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
-            Prefetch { from, step, panel_bytes: 0 }
+            Prefetch { from, step }
         } else {
             // Tile t walks its share of the next slice, at 1/count of the pace.
             let share = source.len() * std::mem::size_of::<W>() / count;
-            Prefetch { from: next.wrapping_add(t * share), step: step.div_ceil(count), panel_bytes: 0 }
+            Prefetch { from: next.wrapping_add(t * share), step: step.div_ceil(count) }
         };
         let xs = &x[r * k + p0 * h..r * k + p1 * h];
         // Safety: rows r..r + h and the 16 columns of panel j lie inside the m × width
@@ -455,13 +469,11 @@ fn micro<S: Simd, V: Elem, const R: usize, const G: usize>(at: TileAt<V>) {
                 }
             }
         }
-        let Prefetch { from, step, panel_bytes } = at.prefetch;
+        let Prefetch { from, step } = at.prefetch;
         let mut p0 = 0;
         while p0 < positions {
             let p1 = (p0 + CHUNK).min(positions);
-            for g in 0..G {
-                S::prefetch_bytes(from.wrapping_add(g * panel_bytes + p0 * step), (p1 - p0) * step);
-            }
+            S::prefetch_bytes(from.wrapping_add(p0 * step), (p1 - p0) * step);
             for p in p0..p1 {
                 for g in 0..G {
                     let w: [S::V; 2] = std::array::from_fn(|v| {
