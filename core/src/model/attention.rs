@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::attention_kernel::{attend_tile, KvBlock, QueryTile, SCORE_STRIDE};
 use super::kv::BlockPool;
 use super::kv_arena::{KvArena, KvDtype, KvGeometry};
-use super::matmul::SharedOut;
+use super::matmul::{written_whole, SharedOut};
 use super::rope::{rotate, Rope};
 use super::simd::{with_active_simd, Elem, Simd};
 
@@ -150,15 +150,9 @@ pub fn paged_attention(
     let width = store_kv(store, layer, spec, layout, qkv);
     // Never zeroed first (1-2 MB per layer at 512 tokens): the tasks write every output.
     let len = layout.num_tokens() * spec.num_heads * spec.head_dim;
-    let mut out = Vec::with_capacity(len);
-    // Safety: `out` has room for `len` floats, and `attend`'s tasks write each of them
-    // once: every token lies in one task per KV head, which writes all of that head's
-    // query heads for it.
-    unsafe {
-        attend(store, layer, spec, layout, qkv, width, &SharedOut(out.as_mut_ptr()));
-        out.set_len(len);
-    }
-    out
+    // Safety: `attend`'s tasks write each of the `len` floats once: every token lies in
+    // one task per KV head, which writes all of that head's query heads for it.
+    unsafe { written_whole(len, |out| attend(store, layer, spec, layout, qkv, width, &SharedOut(out))) }
 }
 
 /// Normalizes and rotates q/k in `qkv`, and stores k/v in the paged cache; returns the

@@ -105,14 +105,21 @@ pub fn matmul_xwt<W: Elem>(x: &[f32], w: Panels<W>, y: &mut [f32], m: usize) {
 /// [`matmul_xwt`] into a new vector. The kernel writes every output, so the vector is
 /// never zeroed first (zeroing the outputs of a 512-token prefill was ~3% of it).
 pub fn matmul_xwt_to_vec<W: Elem>(x: &[f32], w: Panels<W>, m: usize) -> Vec<f32> {
-    let len = m * w.n;
-    let mut y = Vec::with_capacity(len);
-    // Safety: `y` has room for `m · n` floats, and `write_xwt` writes each of them.
-    unsafe {
-        with_active_simd!(S => write_xwt::<S, W>(x, w, y.as_mut_ptr(), m));
-        y.set_len(len);
-    }
-    y
+    // Safety: `write_xwt` writes each of the `m · n` floats.
+    unsafe { written_whole(m * w.n, |y| with_active_simd!(S => write_xwt::<S, W>(x, w, y, m))) }
+}
+
+/// A new vector of `len` floats that `write` fills through a raw pointer, never zeroed
+/// first.
+///
+/// # Safety
+/// `write` writes every one of the `len` floats at the pointer it is given.
+pub(crate) unsafe fn written_whole(len: usize, write: impl FnOnce(*mut f32)) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len);
+    write(out.as_mut_ptr());
+    // Safety: the room was reserved above, and `write` initialized it (the caller's promise).
+    unsafe { out.set_len(len) };
+    out
 }
 
 /// [`matmul_xwt`] on the instruction set `S`.
