@@ -14,9 +14,11 @@
 //!
 //! candle's GEMM packs both operands on every call; here the weights are packed once at
 //! load, each thread streams its own panels exactly once per block of rows, and `x` is
-//! regrouped into row blocks (a copy of `x`, small next to `W`).
-
-use std::borrow::Cow;
+//! read where it lies: a tile's rows are separate streams, one value of each per
+//! position. (Regrouping `x` into tiles first, `[k][rows]`, cost more than it saved:
+//! a `small` f16 prompt of 128 tokens took 0.97-0.98 of the time without it, paired in
+//! one process by `examples/decode_bench`; a 2048 × 1536 × 512 product in
+//! `examples/matmul_bench` went from 35.9 to 27.1 ms, run after run.)
 
 use rayon::prelude::*;
 
@@ -146,7 +148,6 @@ unsafe fn write_xwt<S: Simd, W: Elem>(x: &[f32], w: Panels<W>, y: *mut f32, m: u
         return;
     }
     let plan = Plan::new::<S>(m, k, n);
-    let x = pack_rows(x, &plan);
     // A last panel that is partly padding writes a padded copy of y.
     let mut padded = if plan.width == n { Vec::new() } else { vec![0f32; m * plan.width] };
     let out = SharedOut(if plan.width == n { y } else { padded.as_mut_ptr() });
@@ -238,38 +239,6 @@ fn tiles(rows: std::ops::Range<usize>, tile_rows: usize) -> impl Iterator<Item =
     })
 }
 
-/// Every tile of the call: blocks of `block_rows` rows, each cut by [`tiles`].
-fn all_tiles(plan: &Plan) -> impl Iterator<Item = (usize, usize)> + '_ {
-    (0..plan.m).step_by(plan.block_rows).flat_map(|r0| tiles(r0..(r0 + plan.block_rows).min(plan.m), plan.tile_rows))
-}
-
-/// `x` regrouped by tile: the tile of `h` rows from row `r` lies at `r · k`, laid out
-/// `[k][h]`, so one position's values of a tile's rows lie together. A single row is that
-/// layout already.
-fn pack_rows<'a>(x: &'a [f32], plan: &Plan) -> Cow<'a, [f32]> {
-    let (m, k) = (plan.m, plan.k);
-    if m == 1 {
-        return Cow::Borrowed(x);
-    }
-    let mut packed = vec![0f32; m * k];
-    let out = SharedOut(packed.as_mut_ptr());
-    let pack_tile = |(r, h): (usize, usize)| {
-        for a in 0..h {
-            for (p, v) in x[(r + a) * k..][..k].iter().enumerate() {
-                // Safety: tiles cover disjoint rows, so r · k + p · h + a (< (r + h) · k)
-                // is written by this tile alone, inside m · k.
-                unsafe { *out.ptr().add(r * k + p * h + a) = *v };
-            }
-        }
-    };
-    if m * k >= 1 << 18 {
-        all_tiles(plan).collect::<Vec<_>>().into_par_iter().for_each(pack_tile);
-    } else {
-        all_tiles(plan).for_each(pack_tile);
-    }
-    Cow::Owned(packed)
-}
-
 /// Every output of panels `panels`: block of rows by block, and within a block panel by
 /// panel, slice of `k` by slice. `W` is then read in memory order, once per block, and a
 /// panel's outputs for the block (at most 12 KiB) stay in L1 across its slices (sliced
@@ -343,6 +312,8 @@ fn stream_panel_groups<S: Simd, W: Elem>(
         let y = unsafe { out.0.add(j * PANEL) };
         let at = TileAt {
             xs: x,
+            x_stride: k,
+            positions: k,
             ws,
             panel_stride: k * PANEL,
             y,
@@ -413,12 +384,21 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
             let share = source.len() * std::mem::size_of::<W>() / count;
             Prefetch { from: next.wrapping_add(t * share), step: step.div_ceil(count) }
         };
-        let xs = &x[r * k + p0 * h..r * k + p1 * h];
+        let xs = &x[r * k + p0..(r + h - 1) * k + p1];
         // Safety: rows r..r + h and the 16 columns of panel j lie inside the m × width
         // output, and no other task writes panel j.
         let y = unsafe { out.0.add(r * plan.width + j * PANEL) };
-        let tile_at =
-            TileAt { xs, ws: slice, panel_stride: slice.len(), y, y_stride: plan.width, accumulate: p0 > 0, prefetch };
+        let tile_at = TileAt {
+            xs,
+            x_stride: k,
+            positions: p1 - p0,
+            ws: slice,
+            panel_stride: slice.len(),
+            y,
+            y_stride: plan.width,
+            accumulate: p0 > 0,
+            prefetch,
+        };
         dispatch_tile::<S, V>(h, tile_at);
     }
 }
@@ -426,8 +406,11 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
 /// One micro-kernel's operands.
 #[derive(Clone, Copy)]
 struct TileAt<'a, V> {
-    /// The tile's rows of `x`, `[positions][rows]`.
+    /// The tile's rows of `x` from its first position on, `x_stride` apart.
     xs: &'a [f32],
+    x_stride: usize,
+    /// Positions of `k` the kernel walks.
+    positions: usize,
     /// The kernel's panel slices, `[positions][16]` each, `panel_stride` elements apart.
     ws: &'a [V],
     panel_stride: usize,
@@ -458,11 +441,11 @@ fn dispatch_tile<S: Simd, V: Elem>(rows: usize, at: TileAt<V>) {
 #[inline(never)]
 fn micro<S: Simd, V: Elem, const R: usize, const G: usize>(at: TileAt<V>) {
     let per_row = PANEL / S::LANES;
-    let positions = at.xs.len() / R;
-    let stride = at.panel_stride;
-    assert!(per_row <= 2 && at.xs.len() == positions * R && positions * PANEL <= stride);
+    let (positions, stride) = (at.positions, at.panel_stride);
+    assert!(per_row <= 2 && at.xs.len() >= (R - 1) * at.x_stride + positions && positions * PANEL <= stride);
     assert!(at.ws.len() == (G - 1) * stride + positions * PANEL);
-    let (xs, ws) = (at.xs.as_ptr(), at.ws.as_ptr());
+    let ws = at.ws.as_ptr();
+    let rows: [*const f32; R] = std::array::from_fn(|a| at.xs.as_ptr().wrapping_add(a * at.x_stride));
     // Safety: the assert bounds every x and weight load; the caller vouches for the R
     // rows × G panels of y; prefetches may point anywhere, they never fault.
     unsafe {
@@ -491,7 +474,7 @@ fn micro<S: Simd, V: Elem, const R: usize, const G: usize>(at: TileAt<V>) {
                         }
                     });
                     for a in 0..R {
-                        let xv = S::splat(*xs.add(p * R + a));
+                        let xv = S::splat(*rows[a].add(p));
                         for v in 0..per_row {
                             acc[a][g][v] = S::fma(xv, w[v], acc[a][g][v]);
                         }
