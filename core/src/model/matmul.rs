@@ -245,6 +245,10 @@ fn tiles(rows: std::ops::Range<usize>, tile_rows: usize) -> impl Iterator<Item =
 /// first, the LM head's y at 32 rows, 19 MB, went to memory and back once per slice: a
 /// `medium` stack of matmuls at 32 and 128 rows took 0.88-0.92 of the time this way,
 /// paired in one process by `examples/matmul_bench`).
+///
+/// Half-precision weights are widened in each tile's registers, not once per slice into
+/// a buffer the tiles share: paired the same way, the `medium` f16 stack took 0.90 of
+/// the time at 32 rows and 0.96 at 128, and the `small` one 0.98-0.99 at 512 and 2048.
 fn compute_panels<S: Simd, W: Elem>(
     x: &[f32],
     w: Panels<W>,
@@ -252,29 +256,19 @@ fn compute_panels<S: Simd, W: Elem>(
     plan: &Plan,
     panels: std::ops::Range<usize>,
 ) {
-    let Plan { m, k, depth, block_rows, tile_rows, .. } = *plan;
+    let Plan { m, k, depth, block_rows, .. } = *plan;
     if m <= GROUP_ROWS && depth == k {
         return stream_panel_groups::<S, W>(x, w, out, plan, panels);
     }
-    // Half-precision slices met by several tiles are widened once, here.
-    let mut widened = Vec::new();
     for r0 in (0..m).step_by(block_rows) {
         let rows = r0..(r0 + block_rows).min(m);
-        let widen_once = !W::IS_F32 && rows.len() > tile_rows && depth < k;
         for j in panels.clone() {
             for p0 in (0..k).step_by(depth) {
                 let p1 = (p0 + depth).min(k);
                 let slice = &w.panel(j)[p0 * PANEL..p1 * PANEL];
                 // The next slice in memory: this panel's next, or the next panel's first.
                 let next = slice.as_ptr_range().end as *const u8;
-                let spot = Spot { p0, p1, j, next };
-                if widen_once {
-                    widened.resize(slice.len(), 0f32);
-                    widen::<S, W>(slice, &mut widened);
-                    row_tiles::<S, f32, W>(x, &widened, slice, plan, rows.clone(), spot, out);
-                } else {
-                    row_tiles::<S, W, W>(x, slice, slice, plan, rows.clone(), spot, out);
-                }
+                row_tiles::<S, W>(x, slice, plan, rows.clone(), Spot { p0, p1, j, next }, out);
             }
         }
     }
@@ -361,10 +355,9 @@ impl Prefetch {
 /// they work, a share of it per tile, so the memory stream never pauses while tiles
 /// reuse the slice from cache; a lone tile (a few rows) walks its own panel
 /// [`STREAM_AHEAD_BYTES`] ahead instead, which reaches the next panel in time.
-fn row_tiles<S: Simd, V: Elem, W: Elem>(
+fn row_tiles<S: Simd, W: Elem>(
     x: &[f32],
-    slice: &[V],
-    source: &[W],
+    slice: &[W],
     plan: &Plan,
     rows: std::ops::Range<usize>,
     spot: Spot,
@@ -373,15 +366,15 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
     let Spot { p0, p1, j, next } = spot;
     let k = plan.k;
     let count = rows.len().div_ceil(plan.tile_rows);
-    // Bytes of the source slice per position.
+    // Bytes of the slice per position.
     let step = PANEL * std::mem::size_of::<W>();
     for (t, (r, h)) in tiles(rows, plan.tile_rows).enumerate() {
         let prefetch = if count == 1 {
-            let from = (source.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
+            let from = (slice.as_ptr() as *const u8).wrapping_add(STREAM_AHEAD_BYTES);
             Prefetch { from, step }
         } else {
             // Tile t walks its share of the next slice, at 1/count of the pace.
-            let share = source.len() * std::mem::size_of::<W>() / count;
+            let share = std::mem::size_of_val(slice) / count;
             Prefetch { from: next.wrapping_add(t * share), step: step.div_ceil(count) }
         };
         let xs = &x[r * k + p0..(r + h - 1) * k + p1];
@@ -399,7 +392,7 @@ fn row_tiles<S: Simd, V: Elem, W: Elem>(
             accumulate: p0 > 0,
             prefetch,
         };
-        dispatch_tile::<S, V>(h, tile_at);
+        dispatch_tile::<S, W>(h, tile_at);
     }
 }
 
@@ -489,17 +482,6 @@ fn micro<S: Simd, V: Elem, const R: usize, const G: usize>(at: TileAt<V>) {
                     S::store(at.y.add(a * at.y_stride + g * PANEL + v * S::LANES), *lanes);
                 }
             }
-        }
-    }
-}
-
-/// Widens a panel slice of half-precision weights to f32.
-fn widen<S: Simd, W: Elem>(src: &[W], dst: &mut [f32]) {
-    // Slices are whole positions of 16, a multiple of every path's lanes.
-    // Safety: every vector load and store lies inside both slices, which have one length.
-    unsafe {
-        for p in (0..src.len()).step_by(S::LANES) {
-            S::store(dst.as_mut_ptr().add(p), W::load::<S>(src.as_ptr().add(p)));
         }
     }
 }

@@ -61,8 +61,6 @@ pub const CACHE_LINE_BYTES: usize = 64;
 /// A stored element the kernels widen to f32 as they load it (weights, K/V): f32, f16
 /// or bf16. Sums stay f32.
 pub trait Elem: Copy + Send + Sync + 'static {
-    /// True for `f32` alone, whose slices kernels may then read without widening.
-    const IS_F32: bool = false;
     /// `LANES` consecutive elements at `p`, widened.
     ///
     /// # Safety
@@ -73,7 +71,6 @@ pub trait Elem: Copy + Send + Sync + 'static {
 }
 
 impl Elem for f32 {
-    const IS_F32: bool = true;
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
         S::load(p)
