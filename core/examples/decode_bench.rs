@@ -113,7 +113,9 @@ impl Model {
     /// The model with `batch` sequences of 128 prompt tokens each.
     fn load(dir: &std::path::Path, batch: usize) -> Model {
         let dtype = std::env::args().nth(4).map_or(WeightDtype::F32, |d| d.parse().unwrap());
-        let options = LoadOptions { kv_budget_bytes: 1 << 30, dtype, ..LoadOptions::default() };
+        // 1 GiB, and room for a long prompt at up to 128 KiB of K/V per token (medium f32 takes 64).
+        let kv_budget_bytes = (1 << 30) + prefill_tokens().unwrap_or(0) * (128 << 10);
+        let options = LoadOptions { kv_budget_bytes, dtype, ..LoadOptions::default() };
         let mut backend = CandleBackend::load(dir, &options).unwrap();
         let mut seqs: Vec<_> = (0..batch).map(|_| backend.new_sequence()).collect();
         let prompts: Vec<Vec<u32>> = (0..batch).map(|r| (0..128).map(|i| (r * 131 + i * 7) as u32).collect()).collect();
