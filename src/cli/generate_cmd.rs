@@ -4,7 +4,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use tokenrouter_core::model::generate::generate;
 use tokenrouter_core::model::sampler::SamplingParams;
-use tokenrouter_core::model::{Backend, CandleBackend, LoadOptions, WeightDtype};
+use tokenrouter_core::model::{load_backend, DeviceSpec, LoadOptions, WeightDtype};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -44,6 +44,9 @@ pub struct GenerateArgs {
     /// Print token ids instead of text.
     #[arg(long)]
     ids: bool,
+    /// cpu, or cuda:N (a build with `--features cuda`; --dtype bf16 or f16).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -68,10 +71,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         (None, Some(ids)) if !ids.is_empty() => ids.clone(),
         _ => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
     };
-    let options = LoadOptions { dtype: args.dtype, ..LoadOptions::default() };
-    let mut backend = CandleBackend::load(&args.model, &options)?;
+    let options = LoadOptions { dtype: args.dtype, device: args.device, ..LoadOptions::default() };
+    let mut backend = load_backend(&args.model, &options)?;
     let stop: Vec<u32> = if args.ignore_eos { Vec::new() } else { backend.config().eos_token_ids.clone() };
-    let out = generate(&mut backend, &prompt, args.max_tokens, &params, &stop)?;
+    let out = generate(backend.as_mut(), &prompt, args.max_tokens, &params, &stop)?;
     let ids = out.token_ids();
     match (&tokenizer, args.ids) {
         (Some(tok), false) => println!("{}", tok.decode(&ids, false).map_err(anyhow::Error::msg)?),

@@ -1,6 +1,7 @@
 //! The `tokenrouter` command line.
 
 mod chat_cmd;
+mod check_device_cmd;
 mod generate_cmd;
 mod model_cmd;
 mod node_cmd;
@@ -44,6 +45,8 @@ pub enum Command {
     Sweep(sweep_cmd::SweepArgs),
     /// Serve some models' subservers for a front on another host (cluster node).
     Node(node_cmd::NodeArgs),
+    /// Prove a CUDA card works: kernels and logits against the CPU, speed against the card's limits.
+    CheckDevice(check_device_cmd::CheckDeviceArgs),
     /// Dual-pool routing: cost model, fleet simulator, estimator accuracy.
     #[command(subcommand)]
     Pools(pools_cmd::PoolsCommand),
@@ -62,5 +65,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sweep(args) => sweep_cmd::run(args),
         Command::Pools(command) => pools_cmd::run(command),
         Command::Node(args) => node_cmd::run(args),
+        Command::CheckDevice(args) => check_device_cmd::run(args),
     }
 }

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use tokenrouter_core::model::profile::{self, Profile, ProfileSpec};
-use tokenrouter_core::model::{load_backend, machine, BackendKind, KvDtype, LoadOptions, WeightDtype};
+use tokenrouter_core::model::{load_backend, machine, BackendKind, DeviceSpec, KvDtype, LoadOptions, WeightDtype};
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
@@ -37,6 +37,9 @@ pub struct ProfileArgs {
     /// KV budget for the profile, MiB.
     #[arg(long, default_value_t = 4096)]
     kv_mib: usize,
+    /// cpu, or cuda:N (a build with `--features cuda`; --dtype bf16 or f16).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
     /// Where to write the JSON profile.
     #[arg(long, default_value = "profile.json")]
     out: PathBuf,
@@ -48,6 +51,7 @@ pub fn run(args: ProfileArgs, _threads: usize) -> anyhow::Result<()> {
         kv_budget_bytes: args.kv_mib << 20,
         kv_dtype: args.kv_dtype,
         backend: args.backend,
+        device: args.device,
         ..LoadOptions::default()
     };
     let mut backend = load_backend(&args.model, &options)?;

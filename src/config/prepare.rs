@@ -96,6 +96,7 @@ impl ServerConfig {
                     threads: m.threads,
                     prefix_cache: m.prefix_cache,
                     shared_kv: None,
+                    device: m.device,
                 },
             })
             .collect();

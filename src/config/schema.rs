@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use tokenrouter_actors::StepLimits;
-use tokenrouter_core::model::{BackendKind, KvDtype, WeightDtype};
+use tokenrouter_core::model::{BackendKind, DeviceSpec, KvDtype, WeightDtype};
 
 use crate::http::RequestLimits;
 
@@ -62,6 +62,10 @@ pub struct ModelEntry {
     /// Keep full KV blocks for reuse by requests that share a prefix (default on).
     #[serde(default = "default_true")]
     pub prefix_cache: bool,
+    /// `cpu` (the default) or `cuda:N` (a build with the `cuda` feature; bf16 or f16
+    /// weights, K/V in the same type; models on one card share one K/V budget).
+    #[serde(default)]
+    pub device: DeviceSpec,
 }
 
 impl ModelEntry {
@@ -82,6 +86,7 @@ impl ModelEntry {
             kv_dtype: KvDtype::default(),
             threads: None,
             prefix_cache: true,
+            device: DeviceSpec::Cpu,
         }
     }
 }

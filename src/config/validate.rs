@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::time::Duration;
-use tokenrouter_core::model::BackendKind;
+use tokenrouter_core::model::{cuda::kv_dtype_on_cuda, BackendKind, KvDtype, WeightDtype};
 use tokenrouter_core::sched::planner::ReplanConfig;
 
 use serde_json::Value;
@@ -92,9 +92,14 @@ impl ServerConfig {
             if let Some(threads) = m.threads {
                 p.positive(at("threads"), threads as u64);
             }
-            if m.backend == BackendKind::Candle {
+            if m.device.is_cuda() {
+                check_cuda_model(p, i, m);
+            } else if m.backend == BackendKind::Candle {
                 if let Err(e) = m.dtype.candle() {
                     p.push(at("dtype"), e.to_string());
+                }
+                if m.kv_dtype == KvDtype::Bf16 {
+                    p.push(at("kv_dtype"), "bf16 K/V run on a CUDA device only (device: cuda:N); use f32 or f16");
                 }
             }
         }
@@ -208,5 +213,24 @@ fn check_policy_name(p: &mut Problems, path: &str, name: &str) {
 fn check_params(p: &mut Problems, path: &str, params: &Value) {
     if !matches!(params, Value::Null | Value::Object(_)) {
         p.push(path, format!("must be a mapping of parameters, got {params}"));
+    }
+}
+
+/// A model on a card: the CUDA backend's types, an HF folder or preset, no CPU backend.
+fn check_cuda_model(p: &mut Problems, i: usize, m: &super::schema::ModelEntry) {
+    let at = |key: &str| format!("models[{i}].{key}");
+    if m.backend != BackendKind::Candle {
+        p.push(
+            at("backend"),
+            format!("{} runs on the CPU; leave `backend` unset for {}", m.backend.as_str(), m.device),
+        );
+    }
+    if !matches!(m.dtype, WeightDtype::Bf16 | WeightDtype::F16) {
+        p.push(at("dtype"), format!("{} runs bf16 or f16 weights, got {}", m.device, m.dtype.as_str()));
+    } else if let Err(e) = kv_dtype_on_cuda(m.dtype, m.kv_dtype) {
+        p.push(at("kv_dtype"), e.to_string());
+    }
+    if m.threads.is_some() {
+        p.push(at("threads"), format!("CPU threads do not apply to a model on {}", m.device));
     }
 }

@@ -43,6 +43,7 @@ impl PagedKvStore {
         assert!(block_size > 0 && block_size <= MAX_BLOCK_SIZE);
         let pages_per_block = geometry.pages_per_block(arena.page_floats());
         assert_eq!(pages_per_block, pool.pages_per_block(), "the pool was planned for another page size");
+        assert!(arena.host_backed(), "a device arena's pages are not in this process's memory");
         let blocks = pool.capacity().total_blocks;
         PagedKvStore {
             block_size,
@@ -206,6 +207,7 @@ fn write_kv(
     match store.dtype {
         KvDtype::F32 => write_kv_as::<f32>(store, layer, spec, layout, qkv, width),
         KvDtype::F16 => write_kv_as::<half::f16>(store, layer, spec, layout, qkv, width),
+        KvDtype::Bf16 => unreachable!("the CPU backend refuses bf16 K/V at load"),
     }
 }
 
@@ -294,6 +296,7 @@ unsafe fn attend(
             KvDtype::F16 => {
                 with_active_simd!(S => attend_on::<S, half::f16>(store, layer, spec, layout, qkv, width, out))
             }
+            KvDtype::Bf16 => unreachable!("the CPU backend refuses bf16 K/V at load"),
         }
     }
 }

@@ -7,6 +7,7 @@ use candle_core::DType;
 
 use super::attention::{PagedKvStore, TokenLayout, MAX_BLOCK_SIZE};
 use super::config::ModelConfig;
+use super::device::DeviceSpec;
 use super::error::{ModelError, Result};
 use super::gguf::GgufType;
 use super::gguf_read::{is_gguf_file, read_gguf_config};
@@ -207,6 +208,8 @@ pub struct LoadOptions {
     /// K/V pages shared with colocated models (candle): this model's pool in the group,
     /// which replaces `kv_budget_bytes` and `prefix_cache` (see [`share_kv`](super::kv_arena::share_kv)).
     pub shared_kv: Option<SharedKv>,
+    /// Where the model runs: the CPU, or a CUDA card (cargo feature `cuda`).
+    pub device: DeviceSpec,
 }
 
 impl Default for LoadOptions {
@@ -220,6 +223,7 @@ impl Default for LoadOptions {
             threads: None,
             prefix_cache: true,
             shared_kv: None,
+            device: DeviceSpec::Cpu,
         }
     }
 }
@@ -246,6 +250,11 @@ impl CandleBackend {
     }
 
     fn with_model(model: Transformer, options: &LoadOptions) -> Result<Self> {
+        if options.kv_dtype == KvDtype::Bf16 {
+            return Err(ModelError::Unsupported(
+                "kv_dtype bf16 runs on a CUDA device only (device: cuda:N); use f32 or f16 on the CPU".into(),
+            ));
+        }
         if options.block_size == 0 || options.block_size > MAX_BLOCK_SIZE {
             return Err(ModelError::BadBatch(format!(
                 "block size {} must be in 1..={MAX_BLOCK_SIZE}",
@@ -380,6 +389,9 @@ pub(crate) fn reserve_rows(pool: &BlockPool, rows: &mut [RowInput<'_>]) -> Resul
 
 /// The backend `options` ask for, loaded from an HF folder or a GGUF file.
 pub fn load_backend(path: &Path, options: &LoadOptions) -> Result<Box<dyn Backend>> {
+    if let DeviceSpec::Cuda(ordinal) = options.device {
+        return load_cuda(path, options, ordinal);
+    }
     match options.backend {
         BackendKind::Candle => Ok(Box::new(CandleBackend::load(path, options)?)),
         BackendKind::Llamacpp => load_llamacpp(path, options),
@@ -396,6 +408,34 @@ fn load_llamacpp(_: &Path, _: &LoadOptions) -> Result<Box<dyn Backend>> {
     Err(ModelError::Unsupported(
         "this build has no llama.cpp backend: build with `--features llamacpp` (see README)".into(),
     ))
+}
+
+#[cfg(feature = "cuda")]
+fn load_cuda(path: &Path, options: &LoadOptions, ordinal: usize) -> Result<Box<dyn Backend>> {
+    if options.backend != BackendKind::Candle {
+        return Err(ModelError::Unsupported(format!(
+            "backend {} runs on the CPU; a model on cuda:{ordinal} runs on the CUDA backend (leave `backend` unset)",
+            options.backend.as_str()
+        )));
+    }
+    Ok(Box::new(super::cuda::CudaBackend::load(path, options, ordinal)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn load_cuda(_: &Path, _: &LoadOptions, ordinal: usize) -> Result<Box<dyn Backend>> {
+    Err(ModelError::Unsupported(format!(
+        "this build has no CUDA backend for cuda:{ordinal}: build with `--features cuda` (see docs/backends.md)"
+    )))
+}
+
+/// The K/V type a model's store uses: on a card the weights' 2-byte type (see
+/// [`kv_dtype_on_cuda`](super::cuda::kv_dtype_on_cuda)), else what was asked.
+pub fn effective_kv_dtype(options: &LoadOptions) -> Result<KvDtype> {
+    if options.device.is_cuda() {
+        super::cuda::kv_dtype_on_cuda(options.dtype, options.kv_dtype)
+    } else {
+        Ok(options.kv_dtype)
+    }
 }
 
 /// A model's hyper-parameters: `config.json` of an HF folder, or a GGUF file's metadata.

@@ -33,6 +33,9 @@ pub enum ModelError {
     Constraint(String),
     #[error("llama.cpp: {0}")]
     LlamaCpp(String),
+    /// The CUDA driver, a device, its memory or a kernel refused (with what to do).
+    #[error("CUDA: {0}")]
+    Cuda(String),
     #[error("tensor computation failed: {0}")]
     Compute(#[from] candle_core::Error),
 }

@@ -24,6 +24,9 @@ pub struct KvArena {
     floats: usize,
     page_floats: usize,
     committed: Once,
+    /// False for an arena whose pages live elsewhere (device memory): only its plan
+    /// (page count and size) is here.
+    host_backed: bool,
 }
 
 // SAFETY: the arena is plain memory. Who may touch which page is decided by the block
@@ -43,7 +46,18 @@ impl KvArena {
                 .unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
             None => NonNull::dangling(),
         };
-        KvArena { ptr, floats, page_floats, committed: Once::new() }
+        KvArena { ptr, floats, page_floats, committed: Once::new(), host_backed: true }
+    }
+
+    /// The plan of an arena whose memory is on a device: pages are handed out by the
+    /// block pools as usual, but nothing is allocated here.
+    pub fn unbacked(pages: usize, page_floats: usize) -> Self {
+        let floats = pages.checked_mul(page_floats).expect("KV arena size overflows");
+        KvArena { ptr: NonNull::dangling(), floats, page_floats, committed: Once::new(), host_backed: false }
+    }
+
+    pub fn host_backed(&self) -> bool {
+        self.host_backed
     }
 
     fn layout(floats: usize) -> Option<Layout> {
@@ -66,6 +80,9 @@ impl KvArena {
     /// the KV budget from the start rather than growing under load). Once per arena,
     /// however many models share it.
     pub fn commit_pages(&self) {
+        if !self.host_backed {
+            return;
+        }
         self.committed.call_once(|| {
             const FLOATS_PER_OS_PAGE: usize = 4096 / std::mem::size_of::<f32>();
             for at in (0..self.floats).step_by(FLOATS_PER_OS_PAGE) {
@@ -102,6 +119,9 @@ impl KvArena {
 
 impl Drop for KvArena {
     fn drop(&mut self) {
+        if !self.host_backed {
+            return;
+        }
         if let Some(layout) = Self::layout(self.floats) {
             // SAFETY: allocated in `new` with this layout.
             unsafe { dealloc(self.ptr.as_ptr() as *mut u8, layout) };
@@ -124,13 +144,16 @@ pub enum KvDtype {
     #[default]
     F32,
     F16,
+    /// f32's range in 2 bytes: the CUDA backend's K/V beside bf16 weights (the CPU
+    /// backend refuses it at load).
+    Bf16,
 }
 
 impl KvDtype {
     pub fn bytes(self) -> usize {
         match self {
             KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F16 | KvDtype::Bf16 => 2,
         }
     }
 }
@@ -141,7 +164,8 @@ impl std::str::FromStr for KvDtype {
         match s {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
-            other => Err(format!("KV dtype {other:?} is not supported: use f32 or f16")),
+            "bf16" => Ok(KvDtype::Bf16),
+            other => Err(format!("KV dtype {other:?} is not supported: use f32 or f16 (bf16 on cuda)")),
         }
     }
 }
@@ -229,9 +253,23 @@ pub fn page_floats_for(models: &[KvGeometry]) -> usize {
 /// One arena of `budget_bytes` shared by `models` (with their prefix-cache settings),
 /// and a block pool per model drawing pages from it.
 pub fn share_kv(models: &[(KvGeometry, bool)], budget_bytes: usize) -> Vec<SharedKv> {
+    share_kv_in(models, budget_bytes, KvArena::new)
+}
+
+/// [`share_kv`] for models on one device: the pages are planned and handed out here,
+/// their memory is the device's (the CUDA backend allocates it once per arena).
+pub fn share_device_kv(models: &[(KvGeometry, bool)], budget_bytes: usize) -> Vec<SharedKv> {
+    share_kv_in(models, budget_bytes, KvArena::unbacked)
+}
+
+fn share_kv_in(
+    models: &[(KvGeometry, bool)],
+    budget_bytes: usize,
+    arena: impl FnOnce(usize, usize) -> KvArena,
+) -> Vec<SharedKv> {
     let geometries: Vec<KvGeometry> = models.iter().map(|(g, _)| *g).collect();
     let page_floats = page_floats_for(&geometries);
-    let arena = Arc::new(KvArena::new(budget_bytes / (page_floats * 4), page_floats));
+    let arena = Arc::new(arena(budget_bytes / (page_floats * 4), page_floats));
     let specs: Vec<SharedPoolSpec> = models
         .iter()
         .map(|(g, prefix_cache)| SharedPoolSpec {

@@ -5,6 +5,8 @@ pub mod attention;
 mod attention_kernel;
 pub mod backend;
 pub mod config;
+pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -43,7 +45,8 @@ pub use backend::{
     WeightDtype,
 };
 pub use config::{Arch, ModelConfig};
+pub use device::DeviceSpec;
 pub use error::{ModelError, Result};
 pub use kv::{BlockPool, KvCapacity, KvEvent, KvSeq, SharedPoolSpec};
-pub use kv_arena::{share_kv, KvDtype, KvGeometry, SharedKv};
+pub use kv_arena::{share_device_kv, share_kv, KvDtype, KvGeometry, SharedKv};
 pub use prefix_cache::PrefixCacheStats;

@@ -29,6 +29,23 @@ pub fn preset(name: &str) -> Option<ModelConfig> {
     Some(qwen3_shaped(size.hidden, size.layers, size.heads, size.kv_heads, size.intermediate, QWEN3_VOCAB))
 }
 
+/// Shapes of real Qwen3 checkpoints, for random weights made where they run (a card):
+/// too large to write as a folder for tests, but what throughput is judged on.
+pub const REAL_SHAPE_NAMES: &[&str] = &["qwen3-0.6b", "qwen3-8b"];
+
+pub fn real_shape(name: &str) -> Option<ModelConfig> {
+    let (hidden, layers, heads, kv_heads, head_dim, intermediate, tied) = match name {
+        "qwen3-0.6b" => (1024, 28, 16, 8, 128, 3072, true),
+        "qwen3-8b" => (4096, 36, 32, 8, 128, 12_288, false),
+        _ => return None,
+    };
+    let mut config = qwen3_shaped(hidden, layers, heads, kv_heads, intermediate, QWEN3_VOCAB);
+    config.head_dim = head_dim;
+    config.tie_word_embeddings = tied;
+    config.max_position_embeddings = 40_960;
+    Some(config)
+}
+
 /// A config with Qwen3's conventions (tied embeddings, q/k norms, theta 1e6).
 pub fn qwen3_shaped(
     hidden: usize,
@@ -80,5 +97,8 @@ mod tests {
         assert!((100.0..106.0).contains(&millions("small")), "{}", millions("small"));
         assert!((350.0..365.0).contains(&millions("medium")), "{}", millions("medium"));
         assert!(preset("huge").is_none());
+        let billions = |n: &str| real_shape(n).unwrap().num_parameters() as f64 / 1e9;
+        assert!((0.55..0.65).contains(&billions("qwen3-0.6b")), "{}", billions("qwen3-0.6b"));
+        assert!((8.0..8.4).contains(&billions("qwen3-8b")), "{}", billions("qwen3-8b"));
     }
 }

@@ -30,6 +30,11 @@ impl Rope {
         }
     }
 
+    /// The frequencies as f32, as a device computes each angle: `position as f32 * f`.
+    pub fn inv_freq_f32(&self) -> Vec<f32> {
+        self.inv_freq.iter().map(|&f| f as f32).collect()
+    }
+
     pub fn half_dim(&self) -> usize {
         self.inv_freq.len()
     }
