@@ -342,3 +342,27 @@ fn the_demo_file_is_the_built_in_demo() {
     demo_config().validate().unwrap();
     demo_config().check().unwrap();
 }
+
+#[test]
+fn models_on_a_card_take_its_types_and_name_what_does_not_fit() {
+    use tokenrouter_core::model::DeviceSpec;
+    let config = parse("models: [{name: m, preset: tiny, device: 'cuda:1', dtype: bf16}]").unwrap();
+    assert_eq!(config.models[0].device, DeviceSpec::Cuda(1));
+    assert_eq!(parse("models: [{name: m, preset: tiny}]").unwrap().models[0].device, DeviceSpec::Cpu);
+    let e = refused("models: [{name: m, preset: tiny, device: 'cuda:0'}]");
+    assert!(e.mentions("models[0].dtype") && e.to_string().contains("bf16 or f16"), "{e}");
+    let e = refused("models: [{name: m, preset: tiny, device: 'cuda:0', dtype: bf16, kv_dtype: f16, threads: 2}]");
+    assert!(e.mentions("models[0].kv_dtype") && e.mentions("models[0].threads"), "{e}");
+    let e = refused("models: [{name: m, preset: tiny, device: 'cuda:0', dtype: f16, backend: llamacpp}]");
+    assert!(e.mentions("models[0].backend"), "{e}");
+    assert!(parse("models: [{name: m, preset: tiny, device: tpu}]").unwrap_err().to_string().contains("cuda:N"));
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_build_without_cuda_says_how_to_get_it() {
+    use tokenrouter_core::model::{load_backend, DeviceSpec, LoadOptions};
+    let options = LoadOptions { device: DeviceSpec::Cuda(0), ..LoadOptions::default() };
+    let e = load_backend(std::path::Path::new("/nonexistent"), &options).err().unwrap();
+    assert!(e.to_string().contains("--features cuda"), "{e}");
+}

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 
 use super::gpu::{launch, raw, Gpu, HalfKind};
 use super::kv_dtype_on_cuda;
@@ -104,11 +104,10 @@ impl CudaBackend {
         let (hidden, inter) = (c.hidden_size as i32, c.intermediate_size as i32);
         let k = &gpu.kernels;
         launch!(gpu, k.embed, per_row(tokens), [self.weights.embed.ptr(stream), at(Section::Ids), x, hidden])?;
-        let kv = self.kv.args(stream);
         let (heads, kv_heads, head_dim) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         for (index, layer) in self.weights.layers.iter().enumerate() {
-            let layer_index = index as i32;
+            let kv = self.kv.layer(stream, index);
             launch!(gpu, k.rms_norm, per_row(tokens), [x, 0u64, raw(&layer.attn_norm, stream), h, 0u64, hidden, eps])?;
             gpu.matmul(&layer.qkv, h, tokens, qkv, 0.0)?;
             if let Some(bias) = &layer.qkv_bias {
@@ -132,13 +131,7 @@ impl CudaBackend {
                     at(Section::Positions),
                     at(Section::Blocks),
                     at(Section::Slots),
-                    kv.arena,
-                    kv.pages,
-                    kv.pages_per_block,
-                    kv.segments_per_page,
-                    kv.page_elems,
-                    kv.block_size,
-                    layer_index,
+                    kv,
                 ]
             )?;
             launch!(
@@ -155,13 +148,7 @@ impl CudaBackend {
                     at(Section::Rows),
                     at(Section::RowTables),
                     at(Section::Tables),
-                    kv.arena,
-                    kv.pages,
-                    kv.pages_per_block,
-                    kv.segments_per_page,
-                    kv.page_elems,
-                    kv.block_size,
-                    layer_index,
+                    kv,
                     attn,
                 ]
             )?;
@@ -266,15 +253,22 @@ struct DeviceKv {
     pages_device: CudaSlice<u32>,
 }
 
-/// The arguments the K/V kernels take, in their order.
-struct KvArgs {
+/// `PagedKv<T>` of kernels.cu, passed by value: one layer's view of the paged K/V.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KvLayer {
     arena: u64,
     pages: u64,
     pages_per_block: i32,
     segments_per_page: i32,
     page_elems: i64,
     block_size: i32,
+    layer: i32,
 }
+
+// SAFETY: plain data laid out as the kernels' `PagedKv<T>` (two pointers, two ints, a
+// long long, two ints: 40 bytes, no padding on either side).
+unsafe impl DeviceRepr for KvLayer {}
 
 impl DeviceKv {
     fn new(gpu: &Gpu, config: &ModelConfig, options: &LoadOptions) -> Result<Self> {
@@ -322,14 +316,15 @@ impl DeviceKv {
         Ok(())
     }
 
-    fn args(&self, stream: &cudarc::driver::CudaStream) -> KvArgs {
-        KvArgs {
+    fn layer(&self, stream: &cudarc::driver::CudaStream, layer: usize) -> KvLayer {
+        KvLayer {
             arena: raw(&self.arena.pages, stream),
             pages: raw(&self.pages_device, stream),
             pages_per_block: self.pages_per_block as i32,
             segments_per_page: self.segments_per_page as i32,
             page_elems: self.page_elems as i64,
             block_size: self.geometry.block_size as i32,
+            layer: layer as i32,
         }
     }
 }
@@ -413,5 +408,32 @@ impl Scratch {
             hidden_out: gpu.zeros(rows * c.hidden_size, "hidden states")?,
             logits: gpu.zeros(rows * c.vocab_size, "logits")?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvLayer;
+
+    /// The kernels read `PagedKv<T>` at these offsets (C layout of kernels.cu's struct).
+    #[test]
+    fn the_kv_view_has_the_kernels_layout() {
+        let v = KvLayer {
+            arena: 0,
+            pages: 0,
+            pages_per_block: 0,
+            segments_per_page: 0,
+            page_elems: 0,
+            block_size: 0,
+            layer: 0,
+        };
+        let at = |field: *const u8| field as usize - (&v as *const KvLayer as usize);
+        assert_eq!(std::mem::size_of::<KvLayer>(), 40);
+        assert_eq!(at(&v.pages as *const u64 as *const u8), 8);
+        assert_eq!(at(&v.pages_per_block as *const i32 as *const u8), 16);
+        assert_eq!(at(&v.segments_per_page as *const i32 as *const u8), 20);
+        assert_eq!(at(&v.page_elems as *const i64 as *const u8), 24);
+        assert_eq!(at(&v.block_size as *const i32 as *const u8), 32);
+        assert_eq!(at(&v.layer as *const i32 as *const u8), 36);
     }
 }

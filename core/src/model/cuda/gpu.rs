@@ -296,6 +296,11 @@ mod tests {
             assert!(in_cubin, "sm_90a cubin lacks {name}");
         }
         assert_eq!(&CUBIN_SM90A[..4], b"\x7fELF", "a cubin is an ELF image");
+        // The paged K/V view travels by value as 40 bytes (backend.rs's `KvLayer`).
+        for t in ["bf16", "f16"] {
+            assert!(PTX_SM80.contains(&format!(".align 8 .b8 qkv_prepare_{t}_param_11[40]")));
+            assert!(PTX_SM80.contains(&format!(".align 8 .b8 attention_{t}_param_9[40]")));
+        }
     }
 
     /// Without a driver the backend says so instead of panicking (CI has no GPU).

@@ -5,9 +5,11 @@
 // reference these kernels are held to is `reference.rs` beside this file.
 //
 // Paged K/V: the arena is the shared page pool of `kv_arena.rs`, in device memory. A
-// block's (layer, K or V, KV head) segment lies in page `pages[block * ppb + seg / spp]`
-// at `(seg % spp) * seg_elems`, with seg = (layer * 2 + is_v) * KH + kv_head; inside a
-// segment, keys and values are both `[slot][head_dim]` (one key is one coalesced read).
+// block's (layer, K or V, KV head) segment lies in page
+// `pages[block * pages_per_block + seg / segments_per_page]` at
+// `(seg % segments_per_page) * block_size * head_dim`, with seg = (layer * 2 + is_v) *
+// kv_heads + kv_head; inside a segment, keys and values are both `[slot][head_dim]`
+// (one key is one coalesced read).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,11 +50,25 @@ __device__ float block_sum(float v) {
     return total;
 }
 
-// Where a block's segment starts in the arena, in elements of T.
-__device__ __forceinline__ size_t segment_at(const uint32_t* pages, int ppb, int spp, long long page_elems,
-                                             int seg_elems, uint32_t block, int seg) {
-    const uint32_t page = pages[(size_t)block * ppb + seg / spp];
-    return (size_t)page * (size_t)page_elems + (size_t)(seg % spp) * (size_t)seg_elems;
+// One layer's view of the paged K/V (passed by value; `KvLayer` in backend.rs mirrors it).
+template <typename T>
+struct PagedKv {
+    T* arena;
+    const uint32_t* pages;  // page ids, pages_per_block per block
+    int pages_per_block;
+    int segments_per_page;
+    long long page_elems;
+    int block_size;
+    int layer;
+};
+
+// Where (block, K or V, kv_head)'s segment of this layer starts in the arena, in T.
+template <typename T>
+__device__ __forceinline__ size_t segment_at(const PagedKv<T>& kv, int head_dim, int kv_heads, uint32_t block,
+                                             int is_v, int kv_head) {
+    const int seg = (kv.layer * 2 + is_v) * kv_heads + kv_head;
+    const uint32_t page = kv.pages[(size_t)block * kv.pages_per_block + seg / kv.segments_per_page];
+    return (size_t)page * (size_t)kv.page_elems + (size_t)(seg % kv.segments_per_page) * kv.block_size * head_dim;
 }
 
 // x[t, :] = table[ids[t], :] as f32. Grid: tokens; any block size.
@@ -88,17 +104,14 @@ __device__ void rms_norm(const float* x, const uint32_t* src_rows, const float* 
 template <typename T>
 __device__ void qkv_prepare(float* qkv, int H, int KH, int D, const float* q_norm, const float* k_norm, float eps,
                             const float* inv_freq, const uint32_t* tok_pos, const uint32_t* tok_block,
-                            const uint32_t* tok_slot, T* kv, const uint32_t* pages, int ppb, int spp,
-                            long long page_elems, int block_size, int layer) {
+                            const uint32_t* tok_slot, PagedKv<T> kv) {
     extern __shared__ float head[];
     const int t = blockIdx.x, hh = blockIdx.y;
     const int width = (H + 2 * KH) * D;
     float* x = qkv + (size_t)t * width + (size_t)hh * D;
-    const int seg_elems = block_size * D;
     const size_t slot_at = (size_t)tok_slot[t] * D;
     if (hh >= H + KH) {  // a v head: stored as it is
-        const int g = hh - H - KH;
-        T* dst = kv + segment_at(pages, ppb, spp, page_elems, seg_elems, tok_block[t], (layer * 2 + 1) * KH + g) + slot_at;
+        T* dst = kv.arena + segment_at(kv, D, KH, tok_block[t], 1, hh - H - KH) + slot_at;
         for (int d = threadIdx.x; d < D; d += blockDim.x) dst[d] = from_f32<T>(x[d]);
         return;
     }
@@ -115,9 +128,7 @@ __device__ void qkv_prepare(float* qkv, int H, int KH, int D, const float* q_nor
     const int half = D / 2;
     // The angle rounds to f32 before its cosine, as on the CPU (and in HF).
     const float pos = (float)tok_pos[t];
-    T* dst = is_q ? nullptr
-                  : kv + segment_at(pages, ppb, spp, page_elems, seg_elems, tok_block[t], (layer * 2) * KH + (hh - H)) +
-                        slot_at;
+    T* dst = is_q ? nullptr : kv.arena + segment_at(kv, D, KH, tok_block[t], 0, hh - H) + slot_at;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float x1 = head[i], x2 = head[i + half];
         if (norm) {
@@ -146,8 +157,7 @@ constexpr int MAX_DIMS_PER_LANE = 8;  // head_dim up to 256
 // Grid: (tokens, H); block: 32 * ATTN_WARPS.
 template <typename T>
 __device__ void attention(const float* qkv, int H, int KH, int D, float scale, const uint32_t* tok_pos,
-                          const uint32_t* tok_row, const uint32_t* row_table, const uint32_t* tables, const T* kv,
-                          const uint32_t* pages, int ppb, int spp, long long page_elems, int block_size, int layer,
+                          const uint32_t* tok_row, const uint32_t* row_table, const uint32_t* tables, PagedKv<T> kv,
                           T* out) {
     __shared__ float warp_max_s[ATTN_WARPS], warp_den_s[ATTN_WARPS];
     __shared__ float warp_acc[ATTN_WARPS][32 * MAX_DIMS_PER_LANE];
@@ -165,13 +175,12 @@ __device__ void attention(const float* qkv, int H, int KH, int D, float scale, c
     }
     const uint32_t* table = tables + row_table[tok_row[t]];
     const int keys = (int)tok_pos[t] + 1;
-    const int seg_elems = block_size * D;
     float m = -INFINITY, den = 0.f;
     for (int j = warp; j < keys; j += ATTN_WARPS) {
-        const uint32_t block = table[j / block_size];
-        const size_t at = (size_t)(j % block_size) * D;
-        const T* k = kv + segment_at(pages, ppb, spp, page_elems, seg_elems, block, (layer * 2) * KH + g) + at;
-        const T* v = kv + segment_at(pages, ppb, spp, page_elems, seg_elems, block, (layer * 2 + 1) * KH + g) + at;
+        const uint32_t block = table[j / kv.block_size];
+        const size_t at = (size_t)(j % kv.block_size) * D;
+        const T* k = kv.arena + segment_at(kv, D, KH, block, 0, g) + at;
+        const T* v = kv.arena + segment_at(kv, D, KH, block, 1, g) + at;
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
@@ -257,19 +266,16 @@ EXPORT_BOTH(rms_norm, P_RMS(__nv_bfloat16), P_RMS(__half), (x, src_rows, weight,
 
 #define P_QKV(T)                                                                                             \
     (float* qkv, int H, int KH, int D, const float* q_norm, const float* k_norm, float eps,                  \
-     const float* inv_freq, const uint32_t* tok_pos, const uint32_t* tok_block, const uint32_t* tok_slot, T* kv, \
-     const uint32_t* pages, int ppb, int spp, long long page_elems, int block_size, int layer)
+     const float* inv_freq, const uint32_t* tok_pos, const uint32_t* tok_block, const uint32_t* tok_slot, \
+     PagedKv<T> kv)
 EXPORT_BOTH(qkv_prepare, P_QKV(__nv_bfloat16), P_QKV(__half),
-            (qkv, H, KH, D, q_norm, k_norm, eps, inv_freq, tok_pos, tok_block, tok_slot, kv, pages, ppb, spp,
-             page_elems, block_size, layer))
+            (qkv, H, KH, D, q_norm, k_norm, eps, inv_freq, tok_pos, tok_block, tok_slot, kv))
 
 #define P_ATTN(T)                                                                                          \
     (const float* qkv, int H, int KH, int D, float scale, const uint32_t* tok_pos, const uint32_t* tok_row, \
-     const uint32_t* row_table, const uint32_t* tables, const T* kv, const uint32_t* pages, int ppb, int spp, \
-     long long page_elems, int block_size, int layer, T* out)
+     const uint32_t* row_table, const uint32_t* tables, PagedKv<T> kv, T* out)
 EXPORT_BOTH(attention, P_ATTN(__nv_bfloat16), P_ATTN(__half),
-            (qkv, H, KH, D, scale, tok_pos, tok_row, row_table, tables, kv, pages, ppb, spp, page_elems, block_size,
-             layer, out))
+            (qkv, H, KH, D, scale, tok_pos, tok_row, row_table, tables, kv, out))
 
 #define P_SILU(T) (const float* gate_up, T* act, int width, long long n)
 EXPORT_BOTH(silu_mul, P_SILU(__nv_bfloat16), P_SILU(__half), (gate_up, act, width, n))
