@@ -442,7 +442,7 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_comments_while_idle_and_errors_inside_the_stream() {
-    let engine = Arc::new(StallThenFail { stall: Duration::from_millis(450) });
+    let engine = Arc::new(Scripted::StallThenFail(Duration::from_millis(450)));
     let limits = tokenrouter::http::Limits { keep_alive_interval: Duration::from_millis(100), ..test_limits() };
     let resolver = Arc::new(DefaultPolicyOnly { default_name: "random".into() });
     let state = AppState::new(engine, resolver).with_limits(limits);
@@ -460,4 +460,40 @@ async fn keep_alive_comments_while_idle_and_errors_inside_the_stream() {
     assert!(error["error"]["message"].as_str().unwrap().contains("scripted failure"));
     assert_eq!(data[1], "[DONE]");
     server.shutdown().await;
+}
+
+/// Line and paragraph separators and C1 controls (U+0085 among them) that Python's
+/// `str.splitlines` cuts lines at, though SSE and JSON allow them raw.
+const LINE_BREAKERS: &str = "one\u{2028}two\u{2029}three\u{85}four\u{80}\u{9f}five";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_text_with_unicode_line_breakers_reads_whole_by_python_line_splitting() {
+    let pieces = ["one\u{2028}", "two\u{2029}three", "\u{85}", "four\u{80}\u{9f}five"].map(String::from);
+    let engine = Arc::new(Scripted::Says(pieces.to_vec()));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }));
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let client = reqwest::Client::new();
+    let routes = [
+        ("/v1/chat/completions", json!({ "messages": [{"role": "user", "content": "hi"}], "stream": true })),
+        ("/v1/completions", json!({ "prompt": [1, 2, 3], "stream": true })),
+    ];
+    for (path, body) in routes {
+        let response = client.post(format!("http://{}{path}", server.addr())).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains("\\u2028") && text.contains("\\u0085"), "{path}: escaped, not raw: {text:?}");
+        assert_eq!(streamed_text(&python_read_chunks(&text)), LINE_BREAKERS, "{path}");
+    }
+    server.shutdown().await;
+}
+
+/// The same through the real engine: a completion's `echo` streams the prompt's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_prompt_with_unicode_line_breakers_streams_whole_by_python_line_splitting() {
+    let Some(s) = TestServer::start(test_limits(), vec![]).await else { return };
+    let body = json!({ "prompt": LINE_BREAKERS, "max_tokens": 3, "echo": true, "stream": true, "seed": 1 });
+    let text = s.post("/v1/completions", &body).await.text().await.unwrap();
+    assert!(streamed_text(&python_read_chunks(&text)).starts_with(LINE_BREAKERS), "{text:?}");
+    s.wait_all_kv_free().await;
+    s.stop().await;
 }
