@@ -497,3 +497,56 @@ async fn an_echoed_prompt_with_unicode_line_breakers_streams_whole_by_python_lin
     s.wait_all_kv_free().await;
     s.stop().await;
 }
+
+/// One HTTP/1.1 exchange, written raw on a fresh connection (reqwest refuses to send
+/// malformed requests): the status and the body.
+fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The server may answer and close before it has read everything.
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_authorization_and_over_long_urls_answer_in_the_envelope() {
+    let engine = Arc::new(Scripted::Says(Vec::new()));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }))
+        .with_api_keys(vec!["secret".into()]);
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let addr = server.addr();
+    let request = |target: &str, authorization: &[u8]| {
+        let mut head = format!("GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n").into_bytes();
+        if !authorization.is_empty() {
+            head.extend_from_slice(b"Authorization: ");
+            head.extend_from_slice(authorization);
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        head
+    };
+    let long_url = format!("/v1/models?pad={}", "a".repeat(70_000));
+    let cases: [(Vec<u8>, &[u16]); 6] = [
+        (request("/v1/models", b"Bearer secret"), &[200]),
+        (request("/v1/models", b"Bearer se\x01cret"), &[400, 401]),
+        (request("/v1/models", b"Bearer \xe9t\xe9"), &[401]),
+        (request("/v1/models", b"Basic c2VjcmV0"), &[401]),
+        (request("/v1/models", b"Bearer"), &[401]),
+        (request(&long_url, b"Bearer secret"), &[400, 414]),
+    ];
+    for (raw, statuses) in cases {
+        let shown = String::from_utf8_lossy(&raw[..raw.len().min(80)]).into_owned();
+        let (status, body) = tokio::task::spawn_blocking(move || raw_exchange(addr, &raw)).await.unwrap();
+        assert!(statuses.contains(&status), "{shown:?}: {status} {body}");
+        let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{shown:?}: {status} {e}: {body:?}"));
+        if status != 200 {
+            assert_envelope(&body, None);
+        }
+    }
+    server.shutdown().await;
+}

@@ -16,6 +16,10 @@ pub enum ApiError {
     /// 400: malformed JSON, wrong types, bad values. `param` names the offending
     /// field (a dotted path such as `stream_options.include_usage`) when known.
     BadRequest { message: String, param: Option<String> },
+    /// 400: actix could not parse the request line or a header (see `parse_errors`).
+    MalformedRequest,
+    /// 431: the request line and headers are over actix's limit.
+    RequestHeadTooLarge,
     /// 401: API keys are configured and the request has none of them.
     Unauthorized,
     /// 404: the `model` field names no served model.
@@ -45,7 +49,8 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest { .. } | ApiError::MalformedRequest => StatusCode::BAD_REQUEST,
+            ApiError::RequestHeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -62,6 +67,8 @@ impl ApiError {
     fn kind_and_code(&self) -> (&'static str, Option<&'static str>) {
         match self {
             ApiError::BadRequest { .. } => ("invalid_request_error", None),
+            ApiError::MalformedRequest => ("invalid_request_error", Some("malformed_request")),
+            ApiError::RequestHeadTooLarge => ("invalid_request_error", Some("request_header_fields_too_large")),
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::UnknownRoute(_) => ("invalid_request_error", Some("not_found")),
@@ -94,6 +101,11 @@ impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ApiError::BadRequest { message, .. } => f.write_str(message),
+            ApiError::MalformedRequest => f.write_str(
+                "the request line or a header could not be parsed (a URL over 64 KiB, or a control character \
+                 in a header value such as Authorization)",
+            ),
+            ApiError::RequestHeadTooLarge => f.write_str("the request line and headers are over 128 KiB"),
             ApiError::Unauthorized => f.write_str("invalid or missing API key: send `Authorization: Bearer <key>`"),
             ApiError::UnknownModel(m) => write!(f, "the model `{m}` does not exist; see GET /v1/models"),
             ApiError::UnknownRoute(p) => write!(f, "no route {p}"),
@@ -176,6 +188,8 @@ mod tests {
     fn every_error_has_its_status_and_an_openai_envelope() {
         let cases = [
             (ApiError::bad_request("bad n", Some("n")), 400, Some("n")),
+            (ApiError::MalformedRequest, 400, None),
+            (ApiError::RequestHeadTooLarge, 431, None),
             (ApiError::Unauthorized, 401, None),
             (ApiError::UnknownModel("gpt".into()), 404, Some("model")),
             (ApiError::PayloadTooLarge { limit: 10 }, 413, None),
