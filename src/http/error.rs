@@ -11,6 +11,11 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::{json, Value};
 use tokenrouter_actors::EngineError;
 
+/// `Retry-After` of a model out of service: long enough not to hammer a server that
+/// cannot serve, short enough that a client notices when it can again (a load
+/// balancer would have moved on long before).
+const UNAVAILABLE_RETRY_AFTER_S: u64 = 10;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
     /// 400: malformed JSON, wrong types, bad values. `param` names the offending
@@ -34,7 +39,7 @@ pub enum ApiError {
     ShuttingDown,
     /// 503 with `Retry-After`: no KV became free within the wait limit.
     Overloaded { message: String, retry_after_s: u64 },
-    /// 503: a model the request needs is out of service.
+    /// 503 with `Retry-After`: a model the request needs is out of service.
     Unavailable(String),
     /// 504: the request's time limit ran out.
     Timeout(String),
@@ -79,6 +84,15 @@ impl ApiError {
             ApiError::Unavailable(_) => ("service_unavailable_error", Some("model_unavailable")),
             ApiError::Timeout(_) => ("timeout_error", Some("request_timeout")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
+        }
+    }
+
+    /// When a client should try again (`Retry-After`), for errors that pass.
+    fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_S),
+            _ => None,
         }
     }
 
@@ -136,8 +150,8 @@ impl ResponseError for ApiError {
             tracing::error!(message = %m, "request failed");
         }
         let mut response = HttpResponse::build(self.status());
-        if let ApiError::Overloaded { retry_after_s, .. } = self {
-            response.insert_header((actix_web::http::header::RETRY_AFTER, retry_after_s.to_string()));
+        if let Some(seconds) = self.retry_after_s() {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds.to_string()));
         }
         response.json(self.envelope())
     }
@@ -158,9 +172,9 @@ impl From<EngineError> for ApiError {
             e @ EngineError::DeadlineExceeded { .. } => ApiError::Timeout(e.to_string()),
             EngineError::UpstreamTimeout(m) => ApiError::Timeout(m),
             EngineError::ModelUnavailable(m) => ApiError::Unavailable(m),
-            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => {
-                ApiError::Internal(e.to_string())
-            }
+            // Both say "internal error: ": only one of them may.
+            EngineError::Internal(m) => ApiError::Internal(m),
+            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_)) => ApiError::Internal(e.to_string()),
         }
     }
 }
@@ -215,7 +229,14 @@ mod tests {
     fn engine_errors_map_to_client_or_server_errors() {
         assert_eq!(ApiError::from(EngineError::InvalidRequest("x".into())).status(), StatusCode::BAD_REQUEST);
         assert_eq!(ApiError::from(EngineError::ShuttingDown).status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(ApiError::from(EngineError::Internal("x".into())).status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let internal = ApiError::from(EngineError::Internal("x".into()));
+        assert_eq!(
+            (internal.status(), internal.to_string().as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error: x")
+        );
+        let gone = ApiError::from(EngineError::ModelUnavailable("model b is out of service".into())).error_response();
+        assert_eq!(gone.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(gone.headers().get("retry-after").unwrap(), "10");
         let too_large = ApiError::from(EngineError::TooLarge { needed: 9, capacity: 8, model: "m".into() });
         assert_eq!(too_large.status(), StatusCode::BAD_REQUEST);
         let waited = std::time::Duration::from_secs(30);
