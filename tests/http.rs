@@ -498,6 +498,36 @@ async fn an_echoed_prompt_with_unicode_line_breakers_streams_whole_by_python_lin
     s.stop().await;
 }
 
+/// Decoding a long id list (`/detokenize`, a completion's `echo` of token ids) leaves
+/// the actix worker free: with one worker, `/health` answers while a decode runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoding_ids_does_not_hold_up_the_http_worker() {
+    let decode_time = Duration::from_millis(1500);
+    let engine = Arc::new(Scripted::SlowDecode(decode_time));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }))
+        .with_limits(tokenrouter::http::Limits { workers: Some(1), ..test_limits() });
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let url = format!("http://{}", server.addr());
+    let routes = [
+        ("/detokenize", json!({ "tokens": [1, 2, 3] }), "prompt"),
+        ("/v1/completions", json!({ "prompt": [1, 2, 3], "echo": true, "max_tokens": 1 }), "choices"),
+    ];
+    for (path, body, field) in routes {
+        let client = reqwest::Client::new();
+        let decoding = tokio::spawn(client.post(format!("{url}{path}")).json(&body).send());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let health = reqwest::Client::new().get(format!("{url}/health")).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+        assert!(started.elapsed() < decode_time / 2, "{path}: /health waited {:?}", started.elapsed());
+        let response = decoding.await.unwrap().unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let out: Value = response.json().await.unwrap();
+        assert!(out.to_string().contains("<1><2><3>"), "{path}: {field} decoded: {out}");
+    }
+    server.shutdown().await;
+}
+
 /// One HTTP/1.1 exchange, written raw on a fresh connection (reqwest refuses to send
 /// malformed requests): the status and the body.
 fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (u16, String) {

@@ -207,7 +207,7 @@ impl OpenAiRequest {
         let echo = match (echo, &prompt_text) {
             (false, _) => None,
             (true, Some(text)) => Some(text.clone()),
-            (true, None) => Some(state.engine.decode(prompt.clone())?),
+            (true, None) => Some(state.decode(prompt.clone()).await?),
         };
         let mut generate = GenerateRequest::new(prompt, max_tokens);
         generate.sampling = sampling;

@@ -205,6 +205,15 @@ impl AppState {
         }
     }
 
+    /// Token ids back to text (`/detokenize`, `echo`), on actix's blocking pool: a body
+    /// of megabytes of ids takes long to decode, and on a worker thread it would stall
+    /// every connection that worker serves.
+    pub async fn decode(&self, ids: Vec<u32>) -> Result<String, ApiError> {
+        let engine = self.engine.clone();
+        let decoded = actix_web::web::block(move || engine.decode(ids)).await;
+        decoded.map_err(|e| ApiError::Internal(format!("decoding did not finish: {e}")))?.map_err(ApiError::from)
+    }
+
     /// A response id unique within the process (prefixed by the caller).
     pub fn next_response_id(&self) -> String {
         format!("{:x}{:08x}", self.created, self.next_id.fetch_add(1, Ordering::Relaxed))

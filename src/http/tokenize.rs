@@ -73,6 +73,6 @@ pub async fn detokenize(
             return Err(ApiError::bad_request(m, Some("tokens")));
         }
     }
-    let prompt = state.engine.decode(body.tokens)?;
+    let prompt = state.decode(body.tokens).await?;
     Ok(HttpResponse::Ok().json(json!({ "prompt": prompt })))
 }

@@ -283,6 +283,8 @@ pub enum Scripted {
     StallThenFail(Duration),
     /// Streams these texts as its tokens', then finishes.
     Says(Vec<String>),
+    /// Decodes ids (`/detokenize`, `echo`) as `<id>`s, taking this long; generates nothing.
+    SlowDecode(Duration),
 }
 
 impl Generator for Scripted {
@@ -304,8 +306,16 @@ impl Generator for Scripted {
                 }))
             }
             Scripted::Says(pieces) => Box::pin(futures::stream::iter(said(pieces))),
+            Scripted::SlowDecode(_) => Box::pin(futures::stream::iter(said(&[]))),
         };
         async move { Ok(events) }.boxed()
+    }
+
+    fn decode(&self, ids: Vec<u32>) -> Result<String, EngineError> {
+        if let Scripted::SlowDecode(time) = self {
+            std::thread::sleep(*time);
+        }
+        Ok(ids.iter().map(|id| self.token_text(*id)).collect())
     }
 
     fn chat(&self, _: Vec<ChatMessage>, _: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
