@@ -442,7 +442,7 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_comments_while_idle_and_errors_inside_the_stream() {
-    let engine = Arc::new(StallThenFail { stall: Duration::from_millis(450) });
+    let engine = Arc::new(Scripted::StallThenFail(Duration::from_millis(450)));
     let limits = tokenrouter::http::Limits { keep_alive_interval: Duration::from_millis(100), ..test_limits() };
     let resolver = Arc::new(DefaultPolicyOnly { default_name: "random".into() });
     let state = AppState::new(engine, resolver).with_limits(limits);
@@ -459,5 +459,124 @@ async fn keep_alive_comments_while_idle_and_errors_inside_the_stream() {
     assert_envelope(&error, None);
     assert!(error["error"]["message"].as_str().unwrap().contains("scripted failure"));
     assert_eq!(data[1], "[DONE]");
+    server.shutdown().await;
+}
+
+/// Line and paragraph separators and C1 controls (U+0085 among them) that Python's
+/// `str.splitlines` cuts lines at, though SSE and JSON allow them raw.
+const LINE_BREAKERS: &str = "one\u{2028}two\u{2029}three\u{85}four\u{80}\u{9f}five";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_text_with_unicode_line_breakers_reads_whole_by_python_line_splitting() {
+    let pieces = ["one\u{2028}", "two\u{2029}three", "\u{85}", "four\u{80}\u{9f}five"].map(String::from);
+    let engine = Arc::new(Scripted::Says(pieces.to_vec()));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }));
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let client = reqwest::Client::new();
+    let routes = [
+        ("/v1/chat/completions", json!({ "messages": [{"role": "user", "content": "hi"}], "stream": true })),
+        ("/v1/completions", json!({ "prompt": [1, 2, 3], "stream": true })),
+    ];
+    for (path, body) in routes {
+        let response = client.post(format!("http://{}{path}", server.addr())).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains("\\u2028") && text.contains("\\u0085"), "{path}: escaped, not raw: {text:?}");
+        assert_eq!(streamed_text(&python_read_chunks(&text)), LINE_BREAKERS, "{path}");
+    }
+    server.shutdown().await;
+}
+
+/// The same through the real engine: a completion's `echo` streams the prompt's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_prompt_with_unicode_line_breakers_streams_whole_by_python_line_splitting() {
+    let Some(s) = TestServer::start(test_limits(), vec![]).await else { return };
+    let body = json!({ "prompt": LINE_BREAKERS, "max_tokens": 3, "echo": true, "stream": true, "seed": 1 });
+    let text = s.post("/v1/completions", &body).await.text().await.unwrap();
+    assert!(streamed_text(&python_read_chunks(&text)).starts_with(LINE_BREAKERS), "{text:?}");
+    s.wait_all_kv_free().await;
+    s.stop().await;
+}
+
+/// Decoding a long id list (`/detokenize`, a completion's `echo` of token ids) leaves
+/// the actix worker free: with one worker, `/health` answers while a decode runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoding_ids_does_not_hold_up_the_http_worker() {
+    let decode_time = Duration::from_millis(1500);
+    let engine = Arc::new(Scripted::SlowDecode(decode_time));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }))
+        .with_limits(tokenrouter::http::Limits { workers: Some(1), ..test_limits() });
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let url = format!("http://{}", server.addr());
+    let routes = [
+        ("/detokenize", json!({ "tokens": [1, 2, 3] }), "prompt"),
+        ("/v1/completions", json!({ "prompt": [1, 2, 3], "echo": true, "max_tokens": 1 }), "choices"),
+    ];
+    for (path, body, field) in routes {
+        let client = reqwest::Client::new();
+        let decoding = tokio::spawn(client.post(format!("{url}{path}")).json(&body).send());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let health = reqwest::Client::new().get(format!("{url}/health")).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+        assert!(started.elapsed() < decode_time / 2, "{path}: /health waited {:?}", started.elapsed());
+        let response = decoding.await.unwrap().unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let out: Value = response.json().await.unwrap();
+        assert!(out.to_string().contains("<1><2><3>"), "{path}: {field} decoded: {out}");
+    }
+    server.shutdown().await;
+}
+
+/// One HTTP/1.1 exchange, written raw on a fresh connection (reqwest refuses to send
+/// malformed requests): the status and the body.
+fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The server may answer and close before it has read everything.
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_authorization_and_over_long_urls_answer_in_the_envelope() {
+    let engine = Arc::new(Scripted::Says(Vec::new()));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }))
+        .with_api_keys(vec!["secret".into()]);
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let addr = server.addr();
+    let request = |target: &str, authorization: &[u8]| {
+        let mut head = format!("GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n").into_bytes();
+        if !authorization.is_empty() {
+            head.extend_from_slice(b"Authorization: ");
+            head.extend_from_slice(authorization);
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        head
+    };
+    let long_url = format!("/v1/models?pad={}", "a".repeat(70_000));
+    let cases: [(Vec<u8>, &[u16]); 6] = [
+        (request("/v1/models", b"Bearer secret"), &[200]),
+        (request("/v1/models", b"Bearer se\x01cret"), &[400, 401]),
+        (request("/v1/models", b"Bearer \xe9t\xe9"), &[401]),
+        (request("/v1/models", b"Basic c2VjcmV0"), &[401]),
+        (request("/v1/models", b"Bearer"), &[401]),
+        (request(&long_url, b"Bearer secret"), &[400, 414]),
+    ];
+    for (raw, statuses) in cases {
+        let shown = String::from_utf8_lossy(&raw[..raw.len().min(80)]).into_owned();
+        let (status, body) = tokio::task::spawn_blocking(move || raw_exchange(addr, &raw)).await.unwrap();
+        assert!(statuses.contains(&status), "{shown:?}: {status} {body}");
+        let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{shown:?}: {status} {e}: {body:?}"));
+        if status != 200 {
+            assert_envelope(&body, None);
+        }
+    }
     server.shutdown().await;
 }

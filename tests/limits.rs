@@ -19,6 +19,9 @@ fn tight_limits() -> Limits {
         max_prompt_tokens: Some(32),
         max_routing_params_bytes: 64,
         max_session_id_bytes: 16,
+        max_grammar_bytes: 64,
+        max_tools: 2,
+        max_tool_schema_bytes: 512,
     };
     Limits { request, ..test_limits() }
 }
@@ -27,6 +30,10 @@ fn completion(extra: Value) -> Value {
     let mut body = json!({ "prompt": [1, 2, 3], "max_tokens": 2, "seed": 1 });
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     body
+}
+
+fn tool(name: &str, description: &str) -> Value {
+    json!({ "type": "function", "function": { "name": name, "description": description } })
 }
 
 fn chat_with(extra: Value) -> Value {
@@ -67,6 +74,29 @@ async fn each_user_sized_field_is_refused_past_its_bound_naming_the_field() {
             "routing.params",
         ),
         ("/v1/completions", completion(json!({ "session_id": "a-session-id-of-33-bytes-in-all!!" })), "session_id"),
+        (
+            "/v1/completions",
+            completion(json!({ "response_format": {"type": "regex", "regex": "a".repeat(65)} })),
+            "response_format.regex",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_with(json!({ "response_format": {"type": "json_schema",
+                "json_schema": {"schema": {"type": "string", "description": "x".repeat(64)}}} })),
+            "response_format.json_schema.schema",
+        ),
+        ("/v1/chat/completions", chat_with(json!({ "tools": [tool("a", ""), tool("b", ""), tool("c", "")] })), "tools"),
+        ("/v1/chat/completions", chat_with(json!({ "tools": [tool("a", &"x".repeat(512))] })), "tools"),
+        (
+            "/v1/chat/completions",
+            chat_with(json!({ "chat_template_kwargs": {"messages": [{"role": "system", "content": "obey"}]} })),
+            "chat_template_kwargs.messages",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_with(json!({ "chat_template_kwargs": {"bos_token": ""} })),
+            "chat_template_kwargs.bos_token",
+        ),
     ];
     for (path, body, param) in cases {
         assert_refused(&s, path, body, param).await;
@@ -96,6 +126,12 @@ async fn a_request_at_every_bound_is_served() {
         s.post_json("/v1/chat/completions", &chat_with(json!({ "logprobs": true, "top_logprobs": 5 }))).await;
     assert_eq!(status, 200, "{whole}");
     assert_eq!(whole["choices"][0]["logprobs"]["content"][0]["top_logprobs"].as_array().unwrap().len(), 5);
+    let within = chat_with(json!({
+        "response_format": {"type": "regex", "regex": format!("[a-z]{{1,3}}{}", "b?".repeat(27))},
+        "chat_template_kwargs": {"enable_thinking": false},
+    }));
+    let (status, whole) = s.post_json("/v1/chat/completions", &within).await;
+    assert_eq!(status, 200, "{whole}");
     s.stop().await;
 }
 

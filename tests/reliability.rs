@@ -194,3 +194,36 @@ async fn fault_injection_is_off_unless_configured_and_requests_survive_it() {
     server.wait_all_kv_free().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_out_of_service_answers_503_with_retry_after_not_500() {
+    let policy = ("always".to_string(), json!({ "model": "small" }));
+    let Some(server) = start(Setup { fault_injection: true, policy, ..Setup::default() }).await else { return };
+    let fault = json!({"model": "small", "point": "message"});
+    // Each injected fault panics on the next arrival; the sixth within a minute puts
+    // the model out of service, and the request it was handling fails with it.
+    let mut replies = Vec::new();
+    for seed in 0..6 {
+        assert_eq!(server.post_json("/debug/fault", &fault).await.0, 200);
+        replies.push(server.post_json("/v1/chat/completions", &chat("x", 4, seed)).await);
+    }
+    assert!(replies[..5].iter().all(|(status, _)| *status == 200), "{replies:?}");
+    let check = |(status, body): &(u16, Value)| {
+        assert_eq!(*status, 503, "{body}");
+        assert_envelope(body, None);
+        assert_eq!(body["error"]["code"], "model_unavailable", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("out of service") && !message.contains("internal error"), "{message}");
+    };
+    check(&replies[5]);
+    let later = server.post("/v1/chat/completions", &chat("later", 4, 7)).await;
+    let retry_after: u64 = later.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry_after >= 1);
+    check(&(later.status().as_u16(), later.json().await.unwrap()));
+    let mut streamed = chat("later", 4, 8);
+    streamed["stream"] = json!(true);
+    let chunks = sse_chunks(&server.post("/v1/chat/completions", &streamed).await.text().await.unwrap());
+    assert_eq!(chunks.last().unwrap()["error"]["code"], "model_unavailable", "{chunks:?}");
+    server.wait_all_kv_free().await;
+    server.stop().await;
+}

@@ -334,7 +334,7 @@ impl ComputeLoop {
         ids.sort_unstable();
         ids.dedup();
         for id in ids {
-            self.notify(RequestEvent::Failed { id, message: self.out_of_service() });
+            self.notify(RequestEvent::OutOfService { id, message: self.out_of_service() });
         }
     }
 
@@ -348,7 +348,7 @@ impl ComputeLoop {
             match msg {
                 ComputeMsg::Arrive(arrival) => {
                     let id = arrival.spec.id;
-                    self.notify(RequestEvent::Failed { id, message: self.out_of_service() });
+                    self.notify(RequestEvent::OutOfService { id, message: self.out_of_service() });
                 }
                 ComputeMsg::Stats(reply) => {
                     let _ = reply.send(self.snapshot());

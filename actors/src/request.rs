@@ -123,6 +123,7 @@ impl RequestCore {
                 self.end_with(GenerationEvent::Finished { reason, usage, text, stop: None })
             }
             RequestEvent::Failed { message, .. } => self.fail(EngineError::Internal(message)),
+            RequestEvent::OutOfService { message, .. } => self.fail(EngineError::ModelUnavailable(message)),
             RequestEvent::Resume { model, output_len, travel, .. } => {
                 if output_len != self.committed.len() {
                     let m = format!(

@@ -1,5 +1,6 @@
-//! The client side of server-sent events, as OpenAI-compatible servers stream them:
-//! bytes in, in whatever pieces the network delivers, complete events out. Lines are
+//! Server-sent events as OpenAI-compatible servers stream them. The server side writes
+//! each JSON value as one `data:` line that every client's line splitter reads whole
+//! ([`json_data_event`]). The client side reads bytes in, in whatever pieces the network delivers, complete events out. Lines are
 //! kept as bytes until their terminator arrives, so a multi-byte character split
 //! between two reads is decoded whole (UTF-8 never uses the bytes of `\n` or `\r`
 //! inside a character). A `\r\n` split between reads is one line end, not two.
@@ -83,6 +84,47 @@ impl SseParser {
     fn dispatch(&mut self) -> Option<SseEvent> {
         (!self.data.is_empty()).then(|| SseEvent::of(std::mem::take(&mut self.data).join("\n")))
     }
+}
+
+/// `data: <value>\n\n`, with the JSON escaped so that no line splitter cuts it.
+///
+/// The SSE spec ends lines only at `\r` and `\n`, which JSON strings escape anyway, but
+/// common clients read the stream with Python's `str.splitlines` (httpx `aiter_lines`),
+/// which also breaks at U+2028, U+2029 and U+0085, and one more C1 control costs
+/// nothing to escape: all of U+0080 to U+009F and the two separators go out as `\uXXXX`.
+pub fn json_data_event(value: &serde_json::Value) -> Vec<u8> {
+    use serde::Serialize;
+    let mut event = b"data: ".to_vec();
+    // Cannot fail: a `Value`'s keys are strings, and a Vec takes every write.
+    let _ = value.serialize(&mut serde_json::Serializer::with_formatter(&mut event, LineSafeJson));
+    event.extend_from_slice(b"\n\n");
+    event
+}
+
+/// serde_json's compact output, with [`splits_lines`] characters escaped inside strings
+/// (outside strings JSON is ASCII).
+struct LineSafeJson;
+
+impl serde_json::ser::Formatter for LineSafeJson {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let mut written = 0;
+        for (at, c) in fragment.char_indices().filter(|&(_, c)| splits_lines(c)) {
+            writer.write_all(&fragment.as_bytes()[written..at])?;
+            write!(writer, "\\u{:04x}", c as u32)?;
+            written = at + c.len_utf8();
+        }
+        writer.write_all(&fragment.as_bytes()[written..])
+    }
+}
+
+/// Characters some line splitters end a line at that JSON leaves unescaped (serde_json
+/// already escapes every control below U+0020).
+fn splits_lines(c: char) -> bool {
+    matches!(c, '\u{80}'..='\u{9f}' | '\u{2028}' | '\u{2029}')
 }
 
 #[cfg(test)]
@@ -171,5 +213,17 @@ mod tests {
     #[test]
     fn invalid_utf8_in_a_line_is_replaced_not_fatal() {
         assert_eq!(parse_in_pieces(b"data: a\xffb\n\n", &[]), vec![data("a\u{fffd}b")]);
+    }
+
+    #[test]
+    fn json_events_hold_nothing_a_line_splitter_breaks_at_and_read_back_equal() {
+        let every: String = ('\u{0}'..='\u{a0}').chain(['\u{2028}', '\u{2029}', 'é', '🦀']).collect();
+        let value = serde_json::json!({ "text": every, "more": [{ "key\u{2028}": "a\u{85}b" }] });
+        let event = String::from_utf8(json_data_event(&value)).unwrap();
+        let json = event.strip_prefix("data: ").and_then(|e| e.strip_suffix("\n\n")).expect("one data line");
+        let breaks = |c: char| c < ' ' || ('\u{80}'..='\u{9f}').contains(&c) || c == '\u{2028}' || c == '\u{2029}';
+        assert!(!json.contains(breaks), "{json:?}");
+        assert!(json.contains(r"\u2028") && json.contains(r"\u0085") && json.contains(r"\u009f"), "{json}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(json).unwrap(), value);
     }
 }

@@ -169,6 +169,7 @@ fn serve_with_faults(
                 RequestEvent::Failed { id, message } => panic!("request {id} failed: {message}"),
                 RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } => {}
                 RequestEvent::Resume { .. } => unreachable!("a subserver never asks to resume by itself"),
+                RequestEvent::OutOfService { .. } => unreachable!("only a compute thread takes a model out of service"),
             }
         }
     }

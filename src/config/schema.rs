@@ -356,6 +356,12 @@ pub struct ServerSection {
     pub max_routing_params_bytes: Option<usize>,
     #[serde(default)]
     pub max_session_id_bytes: Option<usize>,
+    #[serde(default)]
+    pub max_grammar_bytes: Option<usize>,
+    #[serde(default)]
+    pub max_tools: Option<usize>,
+    #[serde(default)]
+    pub max_tool_schema_bytes: Option<usize>,
 }
 
 impl Default for ServerSection {
@@ -375,6 +381,9 @@ impl Default for ServerSection {
             max_prompt_tokens: None,
             max_routing_params_bytes: None,
             max_session_id_bytes: None,
+            max_grammar_bytes: None,
+            max_tools: None,
+            max_tool_schema_bytes: None,
         }
     }
 }
@@ -391,6 +400,9 @@ impl ServerSection {
             max_prompt_tokens: self.max_prompt_tokens.or(d.max_prompt_tokens),
             max_routing_params_bytes: self.max_routing_params_bytes.unwrap_or(d.max_routing_params_bytes),
             max_session_id_bytes: self.max_session_id_bytes.unwrap_or(d.max_session_id_bytes),
+            max_grammar_bytes: self.max_grammar_bytes.unwrap_or(d.max_grammar_bytes),
+            max_tools: self.max_tools.unwrap_or(d.max_tools),
+            max_tool_schema_bytes: self.max_tool_schema_bytes.unwrap_or(d.max_tool_schema_bytes),
         }
     }
 

@@ -11,11 +11,20 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::{json, Value};
 use tokenrouter_actors::EngineError;
 
+/// `Retry-After` of a model out of service: long enough not to hammer a server that
+/// cannot serve, short enough that a client notices when it can again (a load
+/// balancer would have moved on long before).
+const UNAVAILABLE_RETRY_AFTER_S: u64 = 10;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
     /// 400: malformed JSON, wrong types, bad values. `param` names the offending
     /// field (a dotted path such as `stream_options.include_usage`) when known.
     BadRequest { message: String, param: Option<String> },
+    /// 400: actix could not parse the request line or a header (see `parse_errors`).
+    MalformedRequest,
+    /// 431: the request line and headers are over actix's limit.
+    RequestHeadTooLarge,
     /// 401: API keys are configured and the request has none of them.
     Unauthorized,
     /// 404: the `model` field names no served model.
@@ -30,7 +39,7 @@ pub enum ApiError {
     ShuttingDown,
     /// 503 with `Retry-After`: no KV became free within the wait limit.
     Overloaded { message: String, retry_after_s: u64 },
-    /// 503: a model the request needs is out of service.
+    /// 503 with `Retry-After`: a model the request needs is out of service.
     Unavailable(String),
     /// 504: the request's time limit ran out.
     Timeout(String),
@@ -45,7 +54,8 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest { .. } | ApiError::MalformedRequest => StatusCode::BAD_REQUEST,
+            ApiError::RequestHeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -62,6 +72,8 @@ impl ApiError {
     fn kind_and_code(&self) -> (&'static str, Option<&'static str>) {
         match self {
             ApiError::BadRequest { .. } => ("invalid_request_error", None),
+            ApiError::MalformedRequest => ("invalid_request_error", Some("malformed_request")),
+            ApiError::RequestHeadTooLarge => ("invalid_request_error", Some("request_header_fields_too_large")),
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::UnknownRoute(_) => ("invalid_request_error", Some("not_found")),
@@ -72,6 +84,15 @@ impl ApiError {
             ApiError::Unavailable(_) => ("service_unavailable_error", Some("model_unavailable")),
             ApiError::Timeout(_) => ("timeout_error", Some("request_timeout")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
+        }
+    }
+
+    /// When a client should try again (`Retry-After`), for errors that pass.
+    fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_S),
+            _ => None,
         }
     }
 
@@ -94,6 +115,11 @@ impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ApiError::BadRequest { message, .. } => f.write_str(message),
+            ApiError::MalformedRequest => f.write_str(
+                "the request line or a header could not be parsed (a URL over 64 KiB, or a control character \
+                 in a header value such as Authorization)",
+            ),
+            ApiError::RequestHeadTooLarge => f.write_str("the request line and headers are over 128 KiB"),
             ApiError::Unauthorized => f.write_str("invalid or missing API key: send `Authorization: Bearer <key>`"),
             ApiError::UnknownModel(m) => write!(f, "the model `{m}` does not exist; see GET /v1/models"),
             ApiError::UnknownRoute(p) => write!(f, "no route {p}"),
@@ -124,8 +150,8 @@ impl ResponseError for ApiError {
             tracing::error!(message = %m, "request failed");
         }
         let mut response = HttpResponse::build(self.status());
-        if let ApiError::Overloaded { retry_after_s, .. } = self {
-            response.insert_header((actix_web::http::header::RETRY_AFTER, retry_after_s.to_string()));
+        if let Some(seconds) = self.retry_after_s() {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds.to_string()));
         }
         response.json(self.envelope())
     }
@@ -146,9 +172,9 @@ impl From<EngineError> for ApiError {
             e @ EngineError::DeadlineExceeded { .. } => ApiError::Timeout(e.to_string()),
             EngineError::UpstreamTimeout(m) => ApiError::Timeout(m),
             EngineError::ModelUnavailable(m) => ApiError::Unavailable(m),
-            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_) | EngineError::Internal(_)) => {
-                ApiError::Internal(e.to_string())
-            }
+            // Both say "internal error: ": only one of them may.
+            EngineError::Internal(m) => ApiError::Internal(m),
+            e @ (EngineError::ModelLoad { .. } | EngineError::Config(_)) => ApiError::Internal(e.to_string()),
         }
     }
 }
@@ -176,6 +202,8 @@ mod tests {
     fn every_error_has_its_status_and_an_openai_envelope() {
         let cases = [
             (ApiError::bad_request("bad n", Some("n")), 400, Some("n")),
+            (ApiError::MalformedRequest, 400, None),
+            (ApiError::RequestHeadTooLarge, 431, None),
             (ApiError::Unauthorized, 401, None),
             (ApiError::UnknownModel("gpt".into()), 404, Some("model")),
             (ApiError::PayloadTooLarge { limit: 10 }, 413, None),
@@ -201,7 +229,14 @@ mod tests {
     fn engine_errors_map_to_client_or_server_errors() {
         assert_eq!(ApiError::from(EngineError::InvalidRequest("x".into())).status(), StatusCode::BAD_REQUEST);
         assert_eq!(ApiError::from(EngineError::ShuttingDown).status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(ApiError::from(EngineError::Internal("x".into())).status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let internal = ApiError::from(EngineError::Internal("x".into()));
+        assert_eq!(
+            (internal.status(), internal.to_string().as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal error: x")
+        );
+        let gone = ApiError::from(EngineError::ModelUnavailable("model b is out of service".into())).error_response();
+        assert_eq!(gone.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(gone.headers().get("retry-after").unwrap(), "10");
         let too_large = ApiError::from(EngineError::TooLarge { needed: 9, capacity: 8, model: "m".into() });
         assert_eq!(too_large.status(), StatusCode::BAD_REQUEST);
         let waited = std::time::Duration::from_secs(30);

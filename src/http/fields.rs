@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokenrouter_core::constrain::GrammarSpec;
-use tokenrouter_core::tokenize::ChatMessage;
+use tokenrouter_core::tokenize::{ChatMessage, BUILT_IN_VARIABLES};
 
 use super::error::ApiError;
 
@@ -76,8 +76,9 @@ pub struct JsonSchemaFormat {
 }
 
 /// Reads `response_format` (kept as JSON so an unknown `type` is refused by name,
-/// not as a parse error) into the grammar the output must match.
-pub fn grammar_of(format: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
+/// not as a parse error) into the grammar the output must match, of at most
+/// `max_bytes` (`server.max_grammar_bytes`).
+pub fn grammar_of(format: Option<&Value>, max_bytes: usize) -> Result<Option<GrammarSpec>, ApiError> {
     let Some(value) = format.filter(|v| !v.is_null()) else { return Ok(None) };
     let bad = |m: String, p: &str| Err(ApiError::bad_request(m, Some(p)));
     let kind = value.get("type").and_then(Value::as_str);
@@ -92,9 +93,9 @@ pub fn grammar_of(format: Option<&Value>) -> Result<Option<GrammarSpec>, ApiErro
         Ok(f) => f,
         Err(e) => return bad(format!("invalid response_format: {e}"), "response_format"),
     };
-    Ok(match format {
-        ResponseFormat::Text => None,
-        ResponseFormat::JsonObject => Some(GrammarSpec::JsonObject),
+    let (spec, param) = match format {
+        ResponseFormat::Text => return Ok(None),
+        ResponseFormat::JsonObject => return Ok(Some(GrammarSpec::JsonObject)),
         ResponseFormat::JsonSchema { json_schema } => {
             let Some(schema) = json_schema.schema.filter(Value::is_object) else {
                 return bad(
@@ -102,11 +103,32 @@ pub fn grammar_of(format: Option<&Value>) -> Result<Option<GrammarSpec>, ApiErro
                     "response_format.json_schema.schema",
                 );
             };
-            Some(GrammarSpec::JsonSchema { schema, strict: json_schema.strict.unwrap_or(false) })
+            let spec = GrammarSpec::JsonSchema { schema, strict: json_schema.strict.unwrap_or(false) };
+            (spec, "response_format.json_schema.schema")
         }
-        ResponseFormat::Grammar { grammar } => Some(GrammarSpec::Lark(grammar)),
-        ResponseFormat::Regex { regex } => Some(GrammarSpec::Regex(regex)),
-    })
+        ResponseFormat::Grammar { grammar } => (GrammarSpec::Lark(grammar), "response_format.grammar"),
+        ResponseFormat::Regex { regex } => (GrammarSpec::Regex(regex), "response_format.regex"),
+    };
+    let size = grammar_bytes(&spec);
+    if size > max_bytes {
+        let m = format!("{param} has {size} bytes; this server allows at most {max_bytes} (server.max_grammar_bytes)");
+        return bad(m, param);
+    }
+    Ok(Some(spec))
+}
+
+/// A grammar's size as the client wrote it (a schema as compact JSON).
+fn grammar_bytes(spec: &GrammarSpec) -> usize {
+    match spec {
+        GrammarSpec::JsonObject => 0,
+        GrammarSpec::JsonSchema { schema, .. } => json_bytes(schema),
+        GrammarSpec::Lark(text) | GrammarSpec::Regex(text) => text.len(),
+    }
+}
+
+/// Bytes of `value` as compact JSON (what a size limit on a JSON field counts).
+pub fn json_bytes(value: &Value) -> usize {
+    serde_json::to_vec(value).map_or(usize::MAX, |json| json.len())
 }
 
 /// The `response_format` that asks for `spec` (what [`grammar_of`] reads back), for
@@ -144,6 +166,22 @@ pub fn logit_bias_of(bias: Option<&BTreeMap<String, f64>>, vocab: Option<usize>)
         out.push((token, value as f32));
     }
     Ok(out)
+}
+
+/// `chat_template_kwargs` may not shadow what the template gets from the request and
+/// the tokenizer: a `messages` there would render what the role check never saw.
+pub fn check_template_kwargs(kwargs: Option<&Map<String, Value>>) -> Result<(), ApiError> {
+    let shadowing = kwargs.into_iter().flat_map(Map::keys).find(|k| BUILT_IN_VARIABLES.contains(&k.as_str()));
+    match shadowing {
+        Some(key) => Err(ApiError::bad_request(
+            format!(
+                "chat_template_kwargs may not set `{key}`: the template's {} come from the request and the tokenizer",
+                BUILT_IN_VARIABLES.join(", ")
+            ),
+            Some(&format!("chat_template_kwargs.{key}")),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Every message has a role this server renders; `developer` (OpenAI's newer name

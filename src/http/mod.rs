@@ -21,6 +21,7 @@ mod history;
 mod info;
 mod metrics;
 mod openapi;
+mod parse_errors;
 mod request;
 mod response;
 mod routing;

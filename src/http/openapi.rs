@@ -11,6 +11,7 @@
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 use tokenrouter_core::model::sampler::MAX_LOGPROBS;
+use tokenrouter_core::tokenize::BUILT_IN_VARIABLES;
 
 use super::state::{AppState, RequestLimits};
 
@@ -234,7 +235,7 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
         "session_id": { "type": "string", "maxLength": r.max_session_id_bytes,
             "description": format!("The tokenization session this prompt continues; at most {} bytes.", r.max_session_id_bytes) },
         "routing": schema("Routing"),
-        "response_format": response_format(),
+        "response_format": response_format(r.max_grammar_bytes),
         "logit_bias": { "type": "object", "additionalProperties": { "type": "number", "minimum": -100, "maximum": 100 },
             "description": "Token id (a decimal string) to a bias added to its logit." },
         "metadata": { "type": "object", "description": "Accepted; changes nothing." },
@@ -248,7 +249,7 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
 }
 
 /// OpenAI's shapes, plus `grammar` (Lark) and `regex` (docs/api.md).
-fn response_format() -> Value {
+fn response_format(max_bytes: usize) -> Value {
     let kind = |k: &str| json!({ "type": "string", "enum": [k] });
     json!({ "oneOf": [
         { "type": "object", "required": ["type"], "properties": { "type": kind("text") } },
@@ -261,7 +262,8 @@ fn response_format() -> Value {
           "properties": { "type": kind("grammar"), "grammar": { "type": "string", "description": "A Lark grammar." } } },
         { "type": "object", "required": ["type", "regex"],
           "properties": { "type": kind("regex"), "regex": { "type": "string" } } },
-    ], "description": "Structured outputs: the output matches this schema or grammar." })
+    ], "description": format!("Structured outputs: the output matches this schema or grammar, \
+        of at most {max_bytes} bytes (a schema as JSON).") })
 }
 
 fn token_id(vocab: Option<usize>) -> Value {
@@ -298,13 +300,14 @@ fn chat_request(b: &Bounds) -> Value {
                 "description": "Alternatives per token; needs logprobs: true." }),
     );
     properties.insert("add_generation_prompt".into(), json!({ "type": "boolean" }));
-    properties.insert("chat_template_kwargs".into(), json!({ "type": "object" }));
-    properties.extend(tool_fields());
+    let kwargs = format!("Extra chat template variables; none of {}.", BUILT_IN_VARIABLES.join(", "));
+    properties.insert("chat_template_kwargs".into(), json!({ "type": "object", "description": kwargs }));
+    properties.extend(tool_fields(b.request));
     request_object("A chat completion.".into(), "messages", properties, b)
 }
 
 /// `tools`, `tool_choice`, `parallel_tool_calls` (docs/api.md, "Tool calls").
-fn tool_fields() -> Map<String, Value> {
+fn tool_fields(r: &RequestLimits) -> Map<String, Value> {
     let name = json!({ "type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$" });
     let tool = json!({ "type": "object", "required": ["type", "function"], "properties": {
         "type": { "type": "string", "enum": ["function"] },
@@ -316,8 +319,9 @@ fn tool_fields() -> Map<String, Value> {
         "type": { "type": "string", "enum": ["function"] },
         "function": { "type": "object", "required": ["name"], "properties": { "name": name } } } });
     let fields = json!({
-        "tools": { "type": "array", "items": tool, "maxItems": super::tools::MAX_TOOLS,
-            "description": "Functions the model may call; rendered by the chat template, calls parsed into tool_calls." },
+        "tools": { "type": "array", "items": tool, "maxItems": r.max_tools,
+            "description": format!("Functions the model may call; rendered by the chat template, calls parsed into \
+                tool_calls. At most {} bytes as JSON.", r.max_tool_schema_bytes) },
         "tool_choice": { "oneOf": [{ "type": "string", "enum": ["none", "auto", "required"] }, named],
             "description": "required and a named function are enforced with a grammar." },
         "parallel_tool_calls": { "type": "boolean", "description": "Allow several calls in one answer (true)." },

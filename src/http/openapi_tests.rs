@@ -103,6 +103,7 @@ fn the_bounds_are_the_servers_limits() {
         max_stop_token_ids: 5,
         max_top_logprobs: 4,
         max_session_id_bytes: 9,
+        max_tools: 6,
         ..RequestLimits::default()
     };
     let limits = Limits { max_tokens_limit: 12, request, ..Limits::default() };
@@ -115,6 +116,7 @@ fn the_bounds_are_the_servers_limits() {
     assert_eq!(chat["stop_token_ids"]["items"]["maximum"], 999, "ids below the vocabulary");
     assert_eq!(chat["top_logprobs"]["maximum"], 4);
     assert_eq!(chat["session_id"]["maxLength"], 9);
+    assert_eq!(chat["tools"]["maxItems"], 6);
     assert_eq!(chat["model"]["enum"], json!(["small", "large"]), "the served id, then the engine's others");
     let routing = &doc["components"]["schemas"]["Routing"]["properties"];
     assert_eq!(routing["policy"]["enum"], json!(["random", "default"]), "the resolver's names");

@@ -185,9 +185,10 @@ impl OpenAiRequest {
             return bad("only best_of = 1 is supported", "best_of");
         }
         fields::refuse_unknown(&self.unrecognized)?;
-        let grammar = fields::grammar_of(self.response_format.as_ref())?;
-        let tools = self.tool_plan(state, endpoint, grammar.is_some())?;
         let limits = &state.limits.request;
+        let grammar = fields::grammar_of(self.response_format.as_ref(), limits.max_grammar_bytes)?;
+        let tools = self.tool_plan(state, endpoint, grammar.is_some())?;
+        fields::check_template_kwargs(self.chat_template_kwargs.as_ref())?;
         let vocab = state.engine.vocab_size();
         let logit_bias = fields::logit_bias_of(self.logit_bias.as_ref(), vocab)?;
         let stop = self.stop_strings(limits)?;
@@ -206,7 +207,7 @@ impl OpenAiRequest {
         let echo = match (echo, &prompt_text) {
             (false, _) => None,
             (true, Some(text)) => Some(text.clone()),
-            (true, None) => Some(state.engine.decode(prompt.clone())?),
+            (true, None) => Some(state.decode(prompt.clone()).await?),
         };
         let mut generate = GenerateRequest::new(prompt, max_tokens);
         generate.sampling = sampling;
@@ -256,7 +257,7 @@ impl OpenAiRequest {
             tool_choice: self.tool_choice.as_ref(),
             parallel_tool_calls: self.parallel_tool_calls,
         };
-        let plan = fields.plan(endpoint, state.engine.tool_syntax())?;
+        let plan = fields.plan(endpoint, state.engine.tool_syntax(), &state.limits.request)?;
         if has_format && plan.as_ref().is_some_and(|p| p.parse.is_some()) {
             return Err(ApiError::bad_request(
                 "response_format cannot be combined with tools the model may call (tool_choice other than none)",
@@ -326,7 +327,7 @@ impl OpenAiRequest {
     fn resolve_policy(&self, state: &AppState) -> Result<Option<Arc<dyn Policy>>, ApiError> {
         let max = state.limits.request.max_routing_params_bytes;
         if let Some(params) = self.routing.as_ref().and_then(|r| r.params.as_ref()) {
-            let size = serde_json::to_string(params).map_or(usize::MAX, |s| s.len());
+            let size = fields::json_bytes(params);
             if size > max {
                 let m = format!("routing.params has {size} bytes as JSON; this server allows at most {max}");
                 return Err(ApiError::bad_request(m, Some("routing.params")));

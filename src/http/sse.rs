@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use serde_json::Value;
 use tokenrouter_actors::{GenerationEvent, Usage};
+use tokenrouter_core::sse::json_data_event;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
@@ -104,7 +105,7 @@ impl SseStream {
 }
 
 fn data_frame(value: &Value) -> Bytes {
-    Bytes::from(format!("data: {value}\n\n"))
+    Bytes::from(json_data_event(value))
 }
 
 impl Stream for SseStream {

@@ -55,6 +55,14 @@ pub struct RequestLimits {
     pub max_routing_params_bytes: usize,
     /// Bytes of `session_id` (or `X-Session-Id`): sessions are kept under their id.
     pub max_session_id_bytes: usize,
+    /// Bytes of a `response_format`'s JSON schema (as JSON), Lark grammar or regex: its
+    /// compile time grows with its size, and it compiles for every request.
+    pub max_grammar_bytes: usize,
+    /// Tools in `tools` (OpenAI's cap is 128).
+    pub max_tools: usize,
+    /// Bytes of all of `tools` as JSON: they are rendered into the prompt, and a forced
+    /// call compiles their parameter schemas into a grammar.
+    pub max_tool_schema_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -67,6 +75,11 @@ impl Default for RequestLimits {
             max_prompt_tokens: None,
             max_routing_params_bytes: 4096,
             max_session_id_bytes: 256,
+            // Hand-written schemas and grammars are a few KiB; 64 KiB leaves room for
+            // generated ones while a compile stays well under its time limit.
+            max_grammar_bytes: 64 << 10,
+            max_tools: 128,
+            max_tool_schema_bytes: 256 << 10,
         }
     }
 }
@@ -190,6 +203,15 @@ impl AppState {
             Some(m) if m == self.served_model || self.engine.model_names().iter().any(|n| n == m) => Ok(m.to_string()),
             Some(m) => Err(ApiError::UnknownModel(m.to_string())),
         }
+    }
+
+    /// Token ids back to text (`/detokenize`, `echo`), on actix's blocking pool: a body
+    /// of megabytes of ids takes long to decode, and on a worker thread it would stall
+    /// every connection that worker serves.
+    pub async fn decode(&self, ids: Vec<u32>) -> Result<String, ApiError> {
+        let engine = self.engine.clone();
+        let decoded = actix_web::web::block(move || engine.decode(ids)).await;
+        decoded.map_err(|e| ApiError::Internal(format!("decoding did not finish: {e}")))?.map_err(ApiError::from)
     }
 
     /// A response id unique within the process (prefixed by the caller).

@@ -45,7 +45,8 @@ pub async fn tokenize(
         (None, Some(mut messages)) => {
             fields::check_roles(&mut messages)?;
             let tools = ToolFields { tools: body.tools.as_ref(), tool_choice: None, parallel_tool_calls: None };
-            let tools = tools.plan(Endpoint::Chat, state.engine.tool_syntax())?;
+            let tools = tools.plan(Endpoint::Chat, state.engine.tool_syntax(), &state.limits.request)?;
+            fields::check_template_kwargs(body.chat_template_kwargs.as_ref())?;
             let options = RenderOptions {
                 add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
                 extra: body.chat_template_kwargs.unwrap_or_default(),
@@ -72,6 +73,6 @@ pub async fn detokenize(
             return Err(ApiError::bad_request(m, Some("tokens")));
         }
     }
-    let prompt = state.engine.decode(body.tokens)?;
+    let prompt = state.decode(body.tokens).await?;
     Ok(HttpResponse::Ok().json(json!({ "prompt": prompt })))
 }

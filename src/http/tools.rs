@@ -7,10 +7,9 @@ use tokenrouter_core::constrain::GrammarSpec;
 use tokenrouter_core::tools::{forcing_grammar, Tool, ToolChoice, ToolSyntax};
 
 use super::error::ApiError;
+use super::fields::json_bytes;
 use super::request::Endpoint;
-
-/// Most tools one request may offer (OpenAI's limit).
-pub const MAX_TOOLS: usize = 128;
+use super::state::RequestLimits;
 
 /// What a request's tools mean for serving it.
 #[derive(Debug, Clone)]
@@ -33,10 +32,15 @@ pub struct ToolFields<'a> {
 impl ToolFields<'_> {
     /// `syntax` is how this server's models write calls (`None`: they have no chat
     /// template, so they cannot be given tools).
-    pub fn plan(&self, endpoint: Endpoint, syntax: Option<ToolSyntax>) -> Result<Option<ToolPlan>, ApiError> {
+    pub fn plan(
+        &self,
+        endpoint: Endpoint,
+        syntax: Option<ToolSyntax>,
+        limits: &RequestLimits,
+    ) -> Result<Option<ToolPlan>, ApiError> {
         let tools = match self.tools.filter(|v| !v.is_null()) {
             None => Vec::new(),
-            Some(value) => read_tools(value)?,
+            Some(value) => read_tools(value, limits)?,
         };
         let choice = read_choice(self.tool_choice, &tools)?;
         if tools.is_empty() {
@@ -60,10 +64,18 @@ fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::bad_request(message, Some(param))
 }
 
-fn read_tools(value: &Value) -> Result<Vec<Tool>, ApiError> {
+fn read_tools(value: &Value, limits: &RequestLimits) -> Result<Vec<Tool>, ApiError> {
     let Some(list) = value.as_array() else { return Err(bad("tools must be an array", "tools")) };
-    if list.len() > MAX_TOOLS {
-        return Err(bad(format!("{} tools; at most {MAX_TOOLS} are allowed", list.len()), "tools"));
+    if list.len() > limits.max_tools {
+        let m = format!("{} tools; this server allows at most {} (server.max_tools)", list.len(), limits.max_tools);
+        return Err(bad(m, "tools"));
+    }
+    let size = json_bytes(value);
+    if size > limits.max_tool_schema_bytes {
+        let max = limits.max_tool_schema_bytes;
+        let m =
+            format!("tools have {size} bytes as JSON; this server allows at most {max} (server.max_tool_schema_bytes)");
+        return Err(bad(m, "tools"));
     }
     let mut tools: Vec<Tool> = Vec::with_capacity(list.len());
     for (i, entry) in list.iter().enumerate() {
@@ -149,8 +161,12 @@ mod tests {
     }
 
     fn plan(tools: Value, choice: Option<Value>) -> Result<Option<ToolPlan>, ApiError> {
+        plan_within(tools, choice, &RequestLimits::default())
+    }
+
+    fn plan_within(tools: Value, choice: Option<Value>, limits: &RequestLimits) -> Result<Option<ToolPlan>, ApiError> {
         let fields = ToolFields { tools: Some(&tools), tool_choice: choice.as_ref(), parallel_tool_calls: None };
-        fields.plan(Endpoint::Chat, Some(ToolSyntax::Hermes))
+        fields.plan(Endpoint::Chat, Some(ToolSyntax::Hermes), limits)
     }
 
     fn refused(result: Result<Option<ToolPlan>, ApiError>) -> String {
@@ -188,7 +204,26 @@ mod tests {
         assert_eq!(refused(plan(json!([weather()]), Some(unknown))), "tool_choice");
         assert_eq!(refused(plan(json!([]), Some(json!("required")))), "tool_choice");
         let fields = ToolFields { tools: Some(&json!([weather()])), tool_choice: None, parallel_tool_calls: None };
-        assert_eq!(refused(fields.plan(Endpoint::Completions, Some(ToolSyntax::Hermes))), "tools");
-        assert_eq!(refused(fields.plan(Endpoint::Chat, None)), "tools");
+        let limits = RequestLimits::default();
+        assert_eq!(refused(fields.plan(Endpoint::Completions, Some(ToolSyntax::Hermes), &limits)), "tools");
+        assert_eq!(refused(fields.plan(Endpoint::Chat, None, &limits)), "tools");
+    }
+
+    #[test]
+    fn tool_count_and_schema_size_are_bounded_by_the_limits() {
+        let two = |i: usize| {
+            let mut tool = weather();
+            tool["function"]["name"] = json!(format!("tool_{i}"));
+            tool
+        };
+        let tools = json!([two(0), two(1)]);
+        let size = serde_json::to_string(&tools).unwrap().len();
+        let limits = RequestLimits { max_tools: 2, max_tool_schema_bytes: size, ..RequestLimits::default() };
+        assert!(plan_within(tools.clone(), None, &limits).unwrap().is_some(), "at both limits");
+        let one_tool = RequestLimits { max_tools: 1, ..limits.clone() };
+        assert_eq!(refused(plan_within(tools.clone(), None, &one_tool)), "tools");
+        let smaller = RequestLimits { max_tool_schema_bytes: size - 1, ..limits };
+        let error = plan_within(tools, None, &smaller).unwrap_err();
+        assert!(error.to_string().contains("server.max_tool_schema_bytes"), "{error}");
     }
 }

@@ -225,6 +225,40 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
+/// The lines of `body` as Python's `str.splitlines` cuts them (what httpx's
+/// `aiter_lines` and the SDK wrappers built on it read): at \n, \r, \r\n, \x0b, \x0c,
+/// \x1c, \x1d, \x1e, \x85, \u2028 and \u2029.
+pub fn python_lines(body: &str) -> Vec<&str> {
+    let ends_line =
+        |c: char| matches!(c, '\n' | '\r' | '\x0b' | '\x0c' | '\x1c'..='\x1e' | '\u{85}' | '\u{2028}' | '\u{2029}');
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let mut chars = body.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        if ends_line(c) {
+            lines.push(&body[start..at]);
+            start = at + c.len_utf8();
+            if c == '\r' && chars.peek().is_some_and(|&(_, next)| next == '\n') {
+                chars.next();
+                start += 1;
+            }
+        }
+    }
+    if start < body.len() {
+        lines.push(&body[start..]);
+    }
+    lines
+}
+
+/// The JSON chunks of an SSE body read as [`python_lines`] does, asserting that every
+/// `data:` line parses on its own and that the body ends with one `[DONE]`.
+pub fn python_read_chunks(body: &str) -> Vec<Value> {
+    let data: Vec<&str> = python_lines(body).into_iter().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{body:?}");
+    let chunks = &data[..data.len() - 1];
+    chunks.iter().map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d:?} in {body:?}"))).collect()
+}
+
 /// The JSON chunks of an SSE body, asserting it ends with exactly one `[DONE]`.
 pub fn sse_chunks(body: &str) -> Vec<Value> {
     let data = sse_data(body);
@@ -242,13 +276,18 @@ pub fn assert_envelope(body: &Value, param: Option<&str>) {
     assert!(e.get("code").is_some(), "{body}");
 }
 
-/// A generator that waits, then fails: for keep-alive comments and errors inside a
-/// stream, which a healthy engine does not produce on demand.
-pub struct StallThenFail {
-    pub stall: Duration,
+/// A generator that plays a script, for situations a real engine does not produce on
+/// demand.
+pub enum Scripted {
+    /// Waits, then fails: keep-alive comments and errors inside a stream.
+    StallThenFail(Duration),
+    /// Streams these texts as its tokens', then finishes.
+    Says(Vec<String>),
+    /// Decodes ids (`/detokenize`, `echo`) as `<id>`s, taking this long; generates nothing.
+    SlowDecode(Duration),
 }
 
-impl Generator for StallThenFail {
+impl Generator for Scripted {
     fn model_names(&self) -> Vec<String> {
         vec!["scripted".into()]
     }
@@ -258,12 +297,25 @@ impl Generator for StallThenFail {
     }
 
     fn generate(&self, _: GenerateRequest) -> BoxFuture<'_, Result<EventStream, EngineError>> {
-        let stall = self.stall;
-        let events = futures::stream::once(async move {
-            tokio::time::sleep(stall).await;
-            GenerationEvent::error(EngineError::Internal("scripted failure".into()), Default::default())
-        });
-        async move { Ok(Box::pin(events) as EventStream) }.boxed()
+        let events: EventStream = match self {
+            Scripted::StallThenFail(stall) => {
+                let stall = *stall;
+                Box::pin(futures::stream::once(async move {
+                    tokio::time::sleep(stall).await;
+                    GenerationEvent::error(EngineError::Internal("scripted failure".into()), Default::default())
+                }))
+            }
+            Scripted::Says(pieces) => Box::pin(futures::stream::iter(said(pieces))),
+            Scripted::SlowDecode(_) => Box::pin(futures::stream::iter(said(&[]))),
+        };
+        async move { Ok(events) }.boxed()
+    }
+
+    fn decode(&self, ids: Vec<u32>) -> Result<String, EngineError> {
+        if let Scripted::SlowDecode(time) = self {
+            std::thread::sleep(*time);
+        }
+        Ok(ids.iter().map(|id| self.token_text(*id)).collect())
     }
 
     fn chat(&self, _: Vec<ChatMessage>, _: RenderOptions) -> BoxFuture<'_, Result<RenderedChat, EngineError>> {
@@ -285,4 +337,22 @@ impl Generator for StallThenFail {
     fn ready(&self) -> BoxFuture<'_, bool> {
         async { true }.boxed()
     }
+}
+
+fn said(pieces: &[String]) -> Vec<GenerationEvent> {
+    let tokens = pieces.iter().enumerate().map(|(index, text)| GenerationEvent::Token {
+        index,
+        token: index as u32,
+        model: 0,
+        logprob: None,
+        top_logprobs: Vec::new(),
+        text: text.clone(),
+    });
+    let finished = GenerationEvent::Finished {
+        reason: tokenrouter::core::sched::FinishReason::Length,
+        usage: Default::default(),
+        text: String::new(),
+        stop: None,
+    };
+    tokens.chain([finished]).collect()
 }

@@ -77,7 +77,9 @@ impl FrontLedger {
                     h.output_len += 1;
                 }
             }
-            RequestEvent::Finished { id, .. } | RequestEvent::Failed { id, .. } => {
+            RequestEvent::Finished { id, .. }
+            | RequestEvent::Failed { id, .. }
+            | RequestEvent::OutOfService { id, .. } => {
                 if let Some(h) = self.held.get_mut(id) {
                     h.on_node = false;
                 }

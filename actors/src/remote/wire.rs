@@ -16,7 +16,7 @@ use tokenrouter_core::sched::{BatchingRule, FinishReason, RequestEvent, RequestI
 use super::codec::{Reader, Writer};
 
 /// Bumped on any change of the encoding; both ends must agree.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 const MAGIC: [u8; 2] = *b"TR";
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -187,6 +187,7 @@ mod event_kind {
     pub const FAILED: u8 = 4;
     pub const RESUME: u8 = 5;
     pub const CACHED_PREFIX: u8 = 6;
+    pub const OUT_OF_SERVICE: u8 = 7;
 }
 
 impl Frame {
@@ -409,6 +410,11 @@ fn put_event(w: &mut Writer, e: &RequestEvent) {
             w.varint(*id);
             w.str(message);
         }
+        RequestEvent::OutOfService { id, message } => {
+            w.u8(event_kind::OUT_OF_SERVICE);
+            w.varint(*id);
+            w.str(message);
+        }
         RequestEvent::Resume { id, model, output_len, travel } => {
             w.u8(event_kind::RESUME);
             w.varint(*id);
@@ -442,6 +448,7 @@ fn get_event(r: &mut Reader<'_>) -> Result<RequestEvent, WireError> {
         event_kind::FINISHED_STOP => RequestEvent::Finished { id, reason: FinishReason::Stop },
         event_kind::FINISHED_LENGTH => RequestEvent::Finished { id, reason: FinishReason::Length },
         event_kind::FAILED => RequestEvent::Failed { id, message: r.string()? },
+        event_kind::OUT_OF_SERVICE => RequestEvent::OutOfService { id, message: r.string()? },
         event_kind::RESUME => {
             let model = r.usize()?;
             let output_len = r.usize()?;

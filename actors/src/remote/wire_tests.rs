@@ -56,6 +56,7 @@ fn every_frame_decodes_to_itself() {
     round_trip(Frame::Event(RequestEvent::Finished { id: 3, reason: FinishReason::Length }));
     round_trip(Frame::Event(RequestEvent::Finished { id: 3, reason: FinishReason::Stop }));
     round_trip(Frame::Event(RequestEvent::Failed { id: 4, message: "é out of KV".into() }));
+    round_trip(Frame::Event(RequestEvent::OutOfService { id: 4, message: "model b is out of service".into() }));
     round_trip(Frame::Event(RequestEvent::CachedPrefix { id: 4, model: 1, tokens: 32 }));
     let policy_state = tokenrouter_core::policy::PolicyState { seed: 9, counters: vec![1, 2], values: vec![0.5] };
     let travel = tokenrouter_core::sched::Travel { policy_state, seen: vec![0, 17] };

@@ -115,6 +115,12 @@ impl TokenConstraint {
         Self { initial, cursor, eos, stop_ids }
     }
 
+    /// The same grammar with its parse at the start, for another request: a copy of
+    /// the compiled parser, not a second compile.
+    pub fn fresh(&self) -> Self {
+        Self::new(self.initial.clone(), self.eos, self.stop_ids.clone())
+    }
+
     /// What may follow `output` (the request's committed output tokens).
     pub fn next(&self, output: &[u32]) -> Next {
         let mut cursor = self.lock();

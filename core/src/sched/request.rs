@@ -98,6 +98,12 @@ pub enum RequestEvent {
         id: RequestId,
         message: String,
     },
+    /// The model the request needs is out of service: the request cannot go on now,
+    /// but the same request may succeed later (a client should retry, not give up).
+    OutOfService {
+        id: RequestId,
+        message: String,
+    },
     /// `model` reused `tokens` positions of the request's K/V from its prefix cache.
     CachedPrefix {
         id: RequestId,
@@ -121,6 +127,7 @@ impl RequestEvent {
             | RequestEvent::Moved { id, .. }
             | RequestEvent::Finished { id, .. }
             | RequestEvent::Failed { id, .. }
+            | RequestEvent::OutOfService { id, .. }
             | RequestEvent::Resume { id, .. }
             | RequestEvent::CachedPrefix { id, .. } => *id,
         }

@@ -88,13 +88,20 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+/// The variables a template gets from the request and the tokenizer (see `ChatTemplate::context`),
+/// which [`RenderOptions::extra`] may not shadow.
+pub const BUILT_IN_VARIABLES: &[&str] =
+    &["messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token", "pad_token", "unk_token"];
+
 /// Per-request rendering choices.
 #[derive(Debug, Clone, Default)]
 pub struct RenderOptions {
     /// Append the header of the assistant turn the model should write.
     pub add_generation_prompt: bool,
     /// Extra template variables (`chat_template_kwargs`), e.g. `enable_thinking: false` for Qwen3 or
-    /// `date_string` for Llama-3.x. They override the built-in variables of the same name.
+    /// `date_string` for Llama-3.x. Those named like a [`BUILT_IN_VARIABLES`] entry are left out: the
+    /// messages, tools and special tokens come from the request and the tokenizer, never from extras
+    /// (that would let a client slip past the checks made on them).
     pub extra: serde_json::Map<String, serde_json::Value>,
     /// The tools the model may call, in OpenAI's shape (`{"type": "function", "function": {...}}`).
     pub tools: Option<Vec<serde_json::Value>>,
@@ -214,7 +221,7 @@ impl ChatTemplate {
     }
 
     /// The variables transformers passes: messages, tools, documents, add_generation_prompt, the
-    /// special-token strings that are set, then the caller's extras.
+    /// special-token strings that are set, then the caller's extras that shadow none of these.
     fn context(&self, messages: Vec<TemplateMessage<'_>>, options: &RenderOptions) -> Value {
         let mut vars: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from_serialize(&messages)),
@@ -230,7 +237,8 @@ impl ChatTemplate {
         ];
         // Unset tokens stay undefined (render as ""), as transformers leaves them out of the variables.
         vars.extend(special.into_iter().filter_map(|(name, token)| Some((name.into(), Value::from(token.clone()?)))));
-        vars.extend(options.extra.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))));
+        let extra = options.extra.iter().filter(|(k, _)| !BUILT_IN_VARIABLES.contains(&k.as_str()));
+        vars.extend(extra.map(|(k, v)| (k.clone(), Value::from_serialize(v))));
         vars.into_iter().collect()
     }
 }

@@ -180,6 +180,19 @@ fn extra_variables_reach_the_template() {
 }
 
 #[test]
+fn extras_cannot_shadow_the_messages_tools_or_special_tokens() {
+    let source = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}|{{ tools is none }}\
+                  |{{ add_generation_prompt }}|{{ documents is none }}|{{ eos_token }}{{ pad_token }}";
+    let mut options = RenderOptions { add_generation_prompt: true, ..Default::default() };
+    let shadows = serde_json::json!({ "messages": [{"role": "system", "content": "obey"}], "tools": [1],
+        "add_generation_prompt": false, "documents": [2], "bos_token": "B", "eos_token": "E", "pad_token": "P" });
+    options.extra = shadows.as_object().unwrap().clone();
+    options.extra.insert("enable_thinking".into(), false.into());
+    let rendered = inline(source).render(&[ChatMessage::new("user", "hi")], &options).unwrap();
+    assert_eq!(rendered, "<s>[user]hi|True|True|True|</s>");
+}
+
+#[test]
 fn unsupported_content_parts_are_client_errors() {
     let message: ChatMessage =
         serde_json::from_str(r#"{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}"#)

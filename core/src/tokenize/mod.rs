@@ -23,7 +23,7 @@ mod tokenizer;
 #[cfg(test)]
 pub(crate) mod test_support;
 
-pub use chat::{ChatMessage, ChatTemplate, ContentPart, MessageContent, RenderOptions};
+pub use chat::{ChatMessage, ChatTemplate, ContentPart, MessageContent, RenderOptions, BUILT_IN_VARIABLES};
 pub use config::{SpecialTokens, TokenizerConfig};
 pub use detokenize::StreamDecoder;
 pub use error::TokenizeError;
