@@ -5,7 +5,7 @@
 #![cfg(feature = "cuda")]
 
 use tempfile::TempDir;
-use tokenrouter_core::model::cuda::check::{check_kernels, check_model};
+use tokenrouter_core::model::cuda::check::{check_kernels, check_model, Check};
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
 use tokenrouter_core::model::kv_arena::KvGeometry;
 use tokenrouter_core::model::presets::preset;
@@ -28,6 +28,14 @@ fn small_model() -> TempDir {
     dir
 }
 
+/// Prints every check's figures, then requires each to pass.
+fn all_pass(checks: Vec<Check>) {
+    for c in &checks {
+        eprintln!("{}: {:.3e} (tolerance {:.1e})", c.name, c.max_error, c.tolerance);
+    }
+    assert!(checks.iter().all(|c| c.passed), "{checks:#?}");
+}
+
 fn on_card(dtype: WeightDtype) -> LoadOptions {
     LoadOptions { dtype, device: DeviceSpec::Cuda(0), kv_budget_bytes: 256 << 20, ..LoadOptions::default() }
 }
@@ -37,11 +45,7 @@ fn every_kernel_matches_the_cpu_reference() {
     if !card("every_kernel_matches_the_cpu_reference") {
         return;
     }
-    let checks = check_kernels(0).unwrap();
-    for c in &checks {
-        eprintln!("{}: {:.3e} (tolerance {:.1e})", c.name, c.max_error, c.tolerance);
-    }
-    assert!(checks.iter().all(|c| c.passed), "{checks:#?}");
+    all_pass(check_kernels(0).unwrap());
 }
 
 #[test]
@@ -51,11 +55,7 @@ fn logits_match_the_f32_cpu_run_batched_and_alone() {
     }
     let dir = small_model();
     for dtype in [WeightDtype::Bf16, WeightDtype::F16] {
-        let checks = check_model(dir.path(), 0, dtype).unwrap();
-        for c in &checks {
-            eprintln!("{}: {:.3e} (tolerance {:.1e})", c.name, c.max_error, c.tolerance);
-        }
-        assert!(checks.iter().all(|c| c.passed), "{checks:#?}");
+        all_pass(check_model(dir.path(), 0, dtype).unwrap());
     }
 }
 
