@@ -117,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     })
     .await?;
     let state =

@@ -1,14 +1,17 @@
 //! The real binary served over HTTP and used by real clients: the official `openai`
 //! Python client, curl with SSE, headless Chromium on the dashboard, and a graceful
-//! stop on SIGTERM. Tools that CI installs (`.ci/run`) are skipped with a printed
-//! reason where missing.
+//! stop on SIGTERM, and HTTPS (`server.tls`) to a client that trusts the test CA. Tools
+//! that CI installs (`.ci/run`) are skipped with a printed reason where missing.
 
-use std::io::{BufRead, BufReader};
+mod tls_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+use tls_support::TestCerts;
 
 const CONFIG: &str = "
 models:
@@ -39,11 +42,16 @@ impl Drop for Server {
 /// Starts `tokenrouter serve` on a free port with two tiny models; None without the
 /// Qwen3 tokenizer (which CI fetches).
 fn start() -> Option<Server> {
+    start_with(CONFIG)
+}
+
+/// [`start`] with this configuration.
+fn start_with(config_text: &str) -> Option<Server> {
     tokenrouter::core::assets::tokenizer_dir("qwen3")?;
     let assets = tokenrouter::core::assets::assets_dir();
     let dir = TempDir::new().unwrap();
     let config = dir.path().join("serve.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
+    std::fs::write(&config, config_text).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tokenrouter"))
         .args(["serve", "--config", config.to_str().unwrap(), "--port", "0"])
         .env("TOKENROUTER_CACHE", dir.path().join("cache"))
@@ -221,4 +229,31 @@ fn sigterm_stops_the_server_cleanly() {
         assert!(Instant::now() < deadline, "still running after SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn with_server_tls_it_serves_https_and_plain_http_gets_no_answer() {
+    let certs = match TestCerts::make() {
+        Ok(certs) => certs,
+        Err(e) => return tokenrouter::core::assets::missing(format_args!("test certificates ({e})")).unwrap_or(()),
+    };
+    let tls =
+        format!("server:\n  tls: {{cert: \"{}\", key: \"{}\"}}\n", certs.path("node.pem"), certs.path("node.key"));
+    let Some(server) = start_with(&format!("{CONFIG}{tls}")) else { return };
+    let addr: std::net::SocketAddr = server.url.strip_prefix("https://").expect("an https:// URL").parse().unwrap();
+
+    // Plain HTTP to the TLS port: the handshake fails, and no HTTP response comes back.
+    let mut plain = std::net::TcpStream::connect(addr).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    plain.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(!answer.starts_with(b"HTTP/"), "plain HTTP was answered: {:?}", String::from_utf8_lossy(&answer));
+
+    let body = r#"{"prompt": "Hello", "max_tokens": 4, "ignore_eos": true, "seed": 1}"#;
+    let (status, response) = certs.https_request(addr, "POST", "/v1/completions", body).unwrap();
+    assert_eq!(status, 200, "{response}");
+    let completion: serde_json::Value = serde_json::from_str(&response).unwrap();
+    assert_eq!(completion["usage"]["completion_tokens"], 4, "{completion}");
+    assert!(completion["choices"][0]["text"].is_string(), "{completion}");
 }

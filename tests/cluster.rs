@@ -4,13 +4,15 @@
 //! test puts the node in another network namespace (root only).
 
 mod cluster_support;
+mod tls_support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cluster_support::*;
+use tls_support::TestCerts;
 use tokenrouter::actors::remote::{FrontTls, LinkState, NodeStatus};
-use tokenrouter::actors::{Engine, GenerationEvent};
+use tokenrouter::actors::{Engine, Fault, GenerationEvent};
 
 const REQUESTS: u64 = 12;
 
@@ -203,6 +205,57 @@ async fn tls_when_certificates_are_configured() {
     check_reference(&engine, &m, 16).await;
     assert_both_models_worked(&engine).await;
     engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_obeys_injected_faults_only_when_it_allows_them() {
+    let m = models();
+    for allowed in [false, true] {
+        let address = format!("127.0.0.1:{}", free_port());
+        let extra: &[&str] = if allowed { &["--allow-fault-injection"] } else { &[] };
+        let _node = NodeProcess::start_with(m.dirs[1].path(), &address, COOKIE, &[], extra);
+        let engine =
+            Engine::start_clustered(engine_config(&m, &[1, 1]), Some(cluster(&[address], COOKIE))).await.unwrap();
+        // The fault travels ahead of the requests: the node's model would panic at its
+        // first step, and its requests resume (so they still match the reference).
+        engine.inject_fault(1, Fault::Step).unwrap();
+        check_reference(&engine, &m, 16).await;
+        assert_both_models_worked(&engine).await;
+        let want = u64::from(allowed);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let restarts = engine.stats().await.get(1).map(|s| s.restarts);
+            if restarts == Some(want) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "allowed: {allowed}, the node's restarts: {restarts:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_warms_its_model_up_before_serving_unless_told_not_to() {
+    // Far above what the tiny model and the process need: only a warm-up that commits
+    // the K/V pages makes the node's memory grow by this much.
+    const KV_MIB: u64 = 512;
+    let m = models();
+    for warm in [true, false] {
+        let address = format!("127.0.0.1:{}", free_port());
+        let extra: &[&str] = if warm { &[] } else { &["--no-warm-up"] };
+        let node = NodeProcess::start_with_kv(m.dirs[1].path(), &address, COOKIE, extra, KV_MIB as usize);
+        let idle = node.resident_mib();
+        // The node loads its model when the front greets it, and welcomes it once loaded.
+        let engine =
+            Engine::start_clustered(engine_config(&m, &[1, 1]), Some(cluster(&[address], COOKIE))).await.unwrap();
+        let serving = node.resident_mib();
+        engine.shutdown().await;
+        match warm {
+            true => assert!(serving >= idle + KV_MIB * 9 / 10, "warm: {idle} MiB idle, {serving} MiB serving"),
+            false => assert!(serving < idle + KV_MIB / 4, "--no-warm-up: {idle} MiB idle, {serving} MiB serving"),
+        }
+    }
 }
 
 /// A network namespace joined to this one by a veth pair; removed when dropped.

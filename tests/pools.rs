@@ -42,6 +42,7 @@ fn tiny_engine_config(tokenizer: &std::path::Path) -> (EngineConfig, TempDir) {
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     };
     (engine, dir)
 }

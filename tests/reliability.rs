@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http_support::{assert_envelope, chat, sse_chunks, test_limits, Setup, TestServer, CONTEXT};
 use serde_json::{json, Value};
-use tokenrouter::actors::AdmissionConfig;
+use tokenrouter::actors::{AdmissionConfig, SupervisionConfig};
 
 /// KV for this many tokens per model (the tiny preset stores 512 bytes per token).
 const CAPACITY_TOKENS: usize = 1152;
@@ -198,7 +198,10 @@ async fn fault_injection_is_off_unless_configured_and_requests_survive_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_out_of_service_answers_503_with_retry_after_not_500() {
     let policy = ("always".to_string(), json!({ "model": "small" }));
-    let Some(server) = start(Setup { fault_injection: true, policy, ..Setup::default() }).await else { return };
+    // Out of service for the whole test (the reload is another test's).
+    let supervision = SupervisionConfig { restart_backoff: Duration::from_secs(600), ..SupervisionConfig::default() };
+    let setup = Setup { fault_injection: true, policy, supervision, ..Setup::default() };
+    let Some(server) = start(setup).await else { return };
     let fault = json!({"model": "small", "point": "message"});
     // Each injected fault panics on the next arrival; the sixth within a minute puts
     // the model out of service, and the request it was handling fails with it.
@@ -224,6 +227,56 @@ async fn a_model_out_of_service_answers_503_with_retry_after_not_500() {
     streamed["stream"] = json!(true);
     let chunks = sse_chunks(&server.post("/v1/chat/completions", &streamed).await.text().await.unwrap());
     assert_eq!(chunks.last().unwrap()["error"]["code"], "model_unavailable", "{chunks:?}");
+    server.wait_all_kv_free().await;
+    server.stop().await;
+}
+
+/// `/health` tells the truth: 503 with `Retry-After` (and which model, in `/v1/stats`
+/// and `/metrics` too) from the moment a model goes out of service, 200 again once it
+/// has reloaded from its weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_a_model_is_out_of_service_and_200_after_its_reload() {
+    let policy = ("always".to_string(), json!({ "model": "small" }));
+    let backoff = Duration::from_millis(800);
+    let supervision = SupervisionConfig { restart_backoff: backoff, max_restart_backoff: backoff * 4 };
+    let setup = Setup { fault_injection: true, policy, supervision, ..Setup::default() };
+    let Some(server) = start(setup).await else { return };
+    let health = || async { server.get("/health").await };
+    assert_eq!(health().await.status(), 200);
+    let fault = json!({"model": "small", "point": "message"});
+    let mut died = None;
+    for seed in 0..8 {
+        assert_eq!(server.post_json("/debug/fault", &fault).await.0, 200);
+        if server.post_json("/v1/chat/completions", &chat("x", 4, seed)).await.0 == 503 {
+            died = Some(std::time::Instant::now());
+            break;
+        }
+    }
+    let died = died.expect("the model went out of service");
+    let down = health().await;
+    let to_503 = died.elapsed();
+    assert_eq!(down.status(), 503);
+    assert!(down.headers().contains_key("retry-after"));
+    let body: Value = down.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("model small"), "{body}");
+    let stats: Value = server.get("/v1/stats").await.json().await.unwrap();
+    assert_eq!(stats["ready"], false, "{stats}");
+    assert_eq!(stats["readiness"]["models"][0]["ready"], false, "{stats}");
+    assert_eq!(stats["readiness"]["models"][1]["ready"], true, "{stats}");
+    let metrics = server.get("/metrics").await.text().await.unwrap();
+    assert!(metrics.contains("tokenrouter_model_ready{model=\"small\"} 0"), "{metrics}");
+    let mut back = None;
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if health().await.status() == 200 {
+            back = Some(died.elapsed());
+            break;
+        }
+    }
+    let to_200 = back.expect("healthy again after the reload");
+    eprintln!("model death to /health 503: {to_503:?}; back to 200 after {to_200:?} (backoff {backoff:?})");
+    assert!(to_200 >= backoff / 2, "{to_200:?}");
+    assert_eq!(server.post_json("/v1/chat/completions", &chat("again", 4, 9)).await.0, 200);
     server.wait_all_kv_free().await;
     server.stop().await;
 }

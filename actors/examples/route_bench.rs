@@ -166,6 +166,7 @@ async fn main() {
         admission: Default::default(),
         exclusive_compute: a.exclusive,
         replan: None,
+        supervision: Default::default(),
     };
     let large_only = || EngineConfig {
         models: models(&[("large", &a.large)]),
@@ -175,6 +176,7 @@ async fn main() {
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     };
     let n = a.concurrency;
     let mut runs = Vec::new();

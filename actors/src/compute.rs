@@ -26,7 +26,7 @@ use tokenrouter_core::sched::{
     SubserverStats,
 };
 
-use crate::config::ModelSpec;
+use crate::config::{ModelSpec, SupervisionConfig};
 use crate::error::EngineError;
 use crate::registry::Registry;
 
@@ -70,6 +70,8 @@ pub enum Fault {
     MidApply,
     /// The handling of the next arrival, after the subserver took it in.
     Message,
+    /// The recovery after the next panic (arm a panic with another fault too).
+    Recover,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -84,9 +86,12 @@ pub struct SubserverSnapshot {
     /// Requests rebuilt here from their committed tokens after a restart.
     #[serde(default)]
     pub resumed: u64,
-    /// Out of service after repeated panics.
+    /// Out of service after repeated panics (until it has reloaded from its weights).
     #[serde(default)]
     pub failed: bool,
+    /// Times it reloaded from its weights after going out of service.
+    #[serde(default)]
+    pub reloads: u64,
 }
 
 /// What a loaded model reports before serving.
@@ -106,6 +111,7 @@ pub(crate) struct ComputeLinks {
     pub registry: Registry,
     /// Held for the duration of a step when models take turns on shared cores.
     pub turn: Option<Arc<parking_lot::Mutex<()>>>,
+    pub supervision: SupervisionConfig,
 }
 
 /// Starts the thread; it loads the model and reports on `loaded` before serving.
@@ -132,8 +138,9 @@ pub(crate) fn spawn(
                 pool: Some(backend.kv_pool().clone()),
             }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
-                let work = ComputeLoop::new(Subserver::new(config, backend, rule), links);
-                match own_pool(spec.load.threads) {
+                let threads = spec.load.threads;
+                let work = ComputeLoop::new(Subserver::new(config.clone(), backend, rule), links, spec, config);
+                match own_pool(threads) {
                     Some(pool) => pool.install(|| work.run(&rx)),
                     None => work.run(&rx),
                 }
@@ -166,9 +173,25 @@ struct Health {
     resumed: u64,
     recent_panics: VecDeque<Instant>,
     failed: bool,
+    /// Reloads from the weights after going out of service.
+    reloads: u64,
+    /// Times out of service in a row (a reload that soon fails again counts on).
+    outages_in_a_row: u32,
+    /// When the model last came back from an outage.
+    back_since: Option<Instant>,
 }
 
 impl Health {
+    /// How long to wait before reloading after this outage.
+    fn backoff(&mut self, config: &SupervisionConfig, now: Instant) -> Duration {
+        if self.back_since.is_some_and(|t| now.duration_since(t) > PANIC_WINDOW) {
+            self.outages_in_a_row = 0;
+        }
+        self.outages_in_a_row += 1;
+        let doubled = config.restart_backoff.saturating_mul(1 << (self.outages_in_a_row - 1).min(16));
+        doubled.min(config.max_restart_backoff.max(config.restart_backoff))
+    }
+
     /// Counts a panic; false when the model has panicked too often to go on.
     fn panicked(&mut self, now: Instant) -> bool {
         self.recent_panics.push_back(now);
@@ -185,19 +208,68 @@ struct ComputeLoop {
     health: Health,
     handling: Option<Handling>,
     fault_on_message: bool,
+    fault_on_recover: bool,
+    /// What a reload from the weights starts from: the model, its subserver settings,
+    /// and the latest rule and active count the engine sent.
+    spec: ModelSpec,
+    config: SubserverConfig,
+    rule: BatchingRule,
+    active: usize,
 }
 
 impl ComputeLoop {
-    fn new(sub: Subserver, links: ComputeLinks) -> Self {
-        ComputeLoop { sub, links, health: Health::default(), handling: None, fault_on_message: false }
+    fn new(sub: Subserver, links: ComputeLinks, spec: ModelSpec, config: SubserverConfig) -> Self {
+        let rule = sub.rule().clone();
+        ComputeLoop {
+            sub,
+            links,
+            health: Health::default(),
+            handling: None,
+            fault_on_message: false,
+            fault_on_recover: false,
+            spec,
+            config,
+            rule,
+            active: 0,
+        }
     }
 
+    /// Serves until shutdown. Every path runs under a panic guard: a panic while serving
+    /// is recovered from; one while recovering takes the model out of service, as
+    /// repeated panics do; out of service, it reloads from its weights after a backoff.
     fn run(mut self, rx: &Receiver<ComputeMsg>) {
+        self.set_ready_gauge(true);
         loop {
-            match catch_unwind(AssertUnwindSafe(|| self.serve(rx))) {
-                Ok(()) => return,
-                Err(_) if self.recover() => continue,
-                Err(_) => return self.serve_out_of_service(rx),
+            if catch_unwind(AssertUnwindSafe(|| self.serve(rx))).is_ok() {
+                return;
+            }
+            if self.recover_guarded() {
+                continue;
+            }
+            loop {
+                match catch_unwind(AssertUnwindSafe(|| self.out_of_service_until_reloaded(rx))) {
+                    Ok(true) => break,
+                    Ok(false) => return,
+                    Err(_) => tracing::error!(model = %self.links.name, "compute panicked while out of service"),
+                }
+            }
+        }
+    }
+
+    /// [`recover`](Self::recover) under the panic guard; false when the model is out of
+    /// service now.
+    fn recover_guarded(&mut self) -> bool {
+        match catch_unwind(AssertUnwindSafe(|| self.recover())) {
+            Ok(serving) => serving,
+            Err(_) => {
+                tracing::error!(model = %self.links.name, "compute panicked while recovering; out of service");
+                if catch_unwind(AssertUnwindSafe(|| self.give_up())).is_err() {
+                    // What the subserver held is unknown now: its requests end at their
+                    // deadlines; the reload starts from nothing.
+                    tracing::error!(model = %self.links.name, "compute panicked while giving up its requests");
+                    self.health.failed = true;
+                }
+                false
             }
         }
     }
@@ -245,14 +317,21 @@ impl ComputeLoop {
                 self.handling = Some(Handling::Release(id));
                 self.sub.release(id);
             }
-            ComputeMsg::SetActive(n) => self.sub.set_active(n),
-            ComputeMsg::SetRule(rule) => self.sub.set_rule(rule),
+            ComputeMsg::SetActive(n) => {
+                self.active = n;
+                self.sub.set_active(n);
+            }
+            ComputeMsg::SetRule(rule) => {
+                self.rule = rule.clone();
+                self.sub.set_rule(rule);
+            }
             ComputeMsg::Stats(reply) => {
                 let _ = reply.send(self.snapshot());
             }
             ComputeMsg::InjectFault(Fault::Step) => self.sub.inject_fault(FaultPoint::BeforeForward),
             ComputeMsg::InjectFault(Fault::MidApply) => self.sub.inject_fault(FaultPoint::MidApply),
             ComputeMsg::InjectFault(Fault::Message) => self.fault_on_message = true,
+            ComputeMsg::InjectFault(Fault::Recover) => self.fault_on_recover = true,
             ComputeMsg::Start(..) => {}
             ComputeMsg::Shutdown => return false,
         }
@@ -300,6 +379,9 @@ impl ComputeLoop {
             return false;
         }
         tracing::error!(model = %name, "compute panicked; restarting the subserver and resuming its requests");
+        if std::mem::take(&mut self.fault_on_recover) {
+            panic!("injected fault while recovering");
+        }
         let mut lost = self.sub.recover();
         match self.handling.take() {
             Some(Handling::Arrive(checkpoint)) => {
@@ -342,22 +424,75 @@ impl ComputeLoop {
         format!("model {} failed repeatedly and is out of service", self.links.name)
     }
 
-    /// What is left of a model that gave up: it answers, and fails what needs it.
-    fn serve_out_of_service(mut self, rx: &Receiver<ComputeMsg>) {
-        while let Ok(msg) = rx.recv() {
-            match msg {
-                ComputeMsg::Arrive(arrival) => {
-                    let id = arrival.spec.id;
-                    self.notify(RequestEvent::OutOfService { id, message: self.out_of_service() });
-                }
-                ComputeMsg::Stats(reply) => {
-                    let _ = reply.send(self.snapshot());
-                }
-                ComputeMsg::Shutdown => return,
-                _ => {}
+    /// Out of service: the model answers and fails what needs it (503) until it has
+    /// reloaded from its weights, tried after a backoff that grows while reloads fail or
+    /// soon fail again. False on shutdown.
+    fn out_of_service_until_reloaded(&mut self, rx: &Receiver<ComputeMsg>) -> bool {
+        self.health.failed = true;
+        self.set_ready_gauge(false);
+        let mut wait = self.health.backoff(&self.links.supervision, Instant::now());
+        let mut retry_at = Instant::now() + wait;
+        loop {
+            match rx.recv_deadline(retry_at) {
+                Ok(ComputeMsg::Shutdown) | Err(RecvTimeoutError::Disconnected) => return false,
+                Ok(msg) => self.handle_out_of_service(msg),
+                Err(RecvTimeoutError::Timeout) => match self.reload() {
+                    Ok(()) => return true,
+                    Err(message) => {
+                        tracing::error!(model = %self.links.name, %message, "reloading failed; retrying later");
+                        wait = self.health.backoff(&self.links.supervision, Instant::now());
+                        retry_at = Instant::now() + wait;
+                    }
+                },
             }
         }
-        self.health.failed = true;
+    }
+
+    /// Whether the model serves, for `/metrics` (a scrape sees an outage at once).
+    fn set_ready_gauge(&self, ready: bool) {
+        let value = if ready { 1.0 } else { 0.0 };
+        metrics::gauge!("tokenrouter_model_ready", "model" => self.links.name.clone()).set(value);
+    }
+
+    fn handle_out_of_service(&mut self, msg: ComputeMsg) {
+        match msg {
+            ComputeMsg::Arrive(arrival) => {
+                let id = arrival.spec.id;
+                self.notify(RequestEvent::OutOfService { id, message: self.out_of_service() });
+            }
+            ComputeMsg::Stats(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
+            ComputeMsg::SetActive(n) => self.active = n,
+            ComputeMsg::SetRule(rule) => self.rule = rule,
+            _ => {}
+        }
+    }
+
+    /// A fresh subserver on the weights loaded again. The old one is emptied (its
+    /// requests and prefix cache, which the panics may have spoiled) and dropped once the
+    /// new one has loaded.
+    fn reload(&mut self) -> Result<(), String> {
+        let name = self.links.name.clone();
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            self.sub.reset();
+            self.sub.backend().kv_pool().flush_prefix_cache();
+        }));
+        let loaded = catch_unwind(AssertUnwindSafe(|| load_backend(&self.spec.path, &self.spec.load)))
+            .map_err(|_| "the loader panicked".to_string())?
+            .map_err(|e| e.to_string())?;
+        let mut sub = Subserver::new(self.config.clone(), loaded, self.rule.clone());
+        sub.set_active(self.active);
+        // A failed reload leaves the model as it was: out of service, trying again later.
+        self.sub = sub;
+        self.health.failed = false;
+        self.health.reloads += 1;
+        self.health.back_since = Some(Instant::now());
+        self.health.recent_panics.clear();
+        self.set_ready_gauge(true);
+        metrics::counter!("tokenrouter_model_reloads_total", "model" => name.clone()).increment(1);
+        tracing::warn!(model = %name, "reloaded from its weights; serving again");
+        Ok(())
     }
 
     fn dispatch(&mut self, outcome: StepOutcome) {
@@ -425,6 +560,7 @@ impl ComputeLoop {
             restarts: self.health.restarts,
             resumed: self.health.resumed,
             failed: self.health.failed,
+            reloads: self.health.reloads,
         }
     }
 }

@@ -50,4 +50,24 @@ pub struct EngineConfig {
     pub replan: Option<ReplanConfig>,
     /// KV reservations, the admission queue and time limits.
     pub admission: AdmissionConfig,
+    /// How models that went out of service come back.
+    pub supervision: SupervisionConfig,
+}
+
+/// A model that panicked too often is out of service; it reloads from its weights after
+/// `restart_backoff`, doubling the wait after each failed or short-lived restart up to
+/// `max_restart_backoff`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SupervisionConfig {
+    pub restart_backoff: std::time::Duration,
+    pub max_restart_backoff: std::time::Duration,
+}
+
+impl Default for SupervisionConfig {
+    fn default() -> Self {
+        SupervisionConfig {
+            restart_backoff: std::time::Duration::from_secs(1),
+            max_restart_backoff: std::time::Duration::from_secs(60),
+        }
+    }
 }

@@ -19,14 +19,15 @@ use crate::config::{AdmissionConfig, EngineConfig};
 use crate::error::EngineError;
 use crate::events::{GenerateRequest, GenerationEvent, Usage};
 use crate::grammar::Grammars;
+use crate::health::{ModelReadiness, Readiness};
 use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, Ticket};
 use crate::kv_sharing::share_colocated_kv;
 pub use crate::launch::GenerationStream;
-use crate::launch::{Launch, Reservation, StreamLink};
+use crate::launch::{Launch, StreamLink};
 use crate::registry::Registry;
 use crate::remote::{self, ClusterConfig, NodeStatus};
 use crate::replan::{ReplanActor, ReplanArgs, ReplanMsg};
-use crate::request::{RequestCore, RequestMsg, TextStream};
+use crate::request::{RequestCore, RequestMsg, Reservation, TextStream};
 use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
 use tokenrouter_core::tokenize::incremental::SessionConfig;
 use tokenrouter_core::tokenize::{
@@ -60,7 +61,10 @@ pub struct EngineShared {
     eos_ids: Vec<u32>,
     closing: AtomicBool,
     tokenizer: Option<TextTokenizer>,
-    tokenizer_actor: Option<ActorRef<TokenizerMsg>>,
+    /// Replaced by the supervisor when the actor dies.
+    tokenizer_actor: parking_lot::RwLock<Option<ActorRef<TokenizerMsg>>>,
+    /// The session settings last configured, for a respawned tokenizer actor.
+    session_config: parking_lot::Mutex<Option<SessionConfig>>,
     grammars: Arc<Grammars>,
     /// The remote subservers' links, for the dashboard.
     nodes: Vec<Arc<parking_lot::Mutex<NodeStatus>>>,
@@ -165,8 +169,8 @@ impl EngineShared {
 
 /// The root of the actor tree: it watches the request actors and the tokenizer. A
 /// request actor that fails is released like any ended request (its client's stream
-/// then ends), so its KV never leaks. Compute threads supervise themselves (see
-/// `compute`).
+/// then ends), so its KV never leaks; a tokenizer actor that fails is started again.
+/// Compute threads supervise themselves (see `compute`).
 struct Supervisor {
     shared: Arc<OnceLock<Weak<EngineShared>>>,
 }
@@ -182,18 +186,38 @@ impl Actor for Supervisor {
 
     async fn handle_supervisor_evt(
         &self,
-        _: ActorRef<()>,
+        me: ActorRef<()>,
         event: SupervisionEvent,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
-        if let SupervisionEvent::ActorFailed(who, why) = event {
-            tracing::error!(actor = ?who.get_id(), %why, "engine actor failed");
-            let shared = self.shared.get().and_then(Weak::upgrade);
-            if let Some(id) = shared.as_ref().and_then(|s| s.registry.request_of(who.get_id())) {
-                shared.expect("found through it").release(id);
-            }
+        let SupervisionEvent::ActorFailed(who, why) = event else { return Ok(()) };
+        tracing::error!(actor = ?who.get_id(), %why, "engine actor failed");
+        let Some(shared) = self.shared.get().and_then(Weak::upgrade) else { return Ok(()) };
+        if let Some(id) = shared.registry.request_of(who.get_id()) {
+            shared.release(id);
+        } else if shared.tokenizer_actor.read().as_ref().is_some_and(|t| t.get_id() == who.get_id()) {
+            respawn_tokenizer(&shared, &me).await;
         }
         Ok(())
+    }
+}
+
+/// Starts the tokenizer actor again with the engine's tokenizer and session settings.
+async fn respawn_tokenizer(shared: &EngineShared, root: &ActorRef<()>) {
+    let Some(tokenizer) = shared.tokenizer.clone() else { return };
+    if shared.closing.load(Ordering::SeqCst) {
+        return;
+    }
+    match Actor::spawn_linked(None, TokenizerActor, tokenizer, root.get_cell()).await {
+        Ok((actor, _)) => {
+            if let Some(config) = shared.session_config.lock().clone() {
+                let _ = actor.send_message(TokenizerMsg::ConfigureSessions(config));
+            }
+            *shared.tokenizer_actor.write() = Some(actor);
+            metrics::counter!("tokenrouter_tokenizer_restarts_total").increment(1);
+            tracing::warn!("tokenizer actor restarted");
+        }
+        Err(e) => tracing::error!(%e, "the tokenizer actor cannot be restarted"),
     }
 }
 
@@ -241,6 +265,7 @@ impl Engine {
                 peers: peers.clone(),
                 registry: registry.clone(),
                 turn: turn.clone(),
+                supervision: config.supervision,
             };
             match front.as_mut().filter(|f| f.remote_for(&spec.name).is_some()) {
                 Some(f) => started.push(remote::spawn_link(f.link_start(started.len(), spec, links)?).await?),
@@ -309,9 +334,14 @@ impl Engine {
             max_context,
             eos_ids,
             closing: AtomicBool::new(false),
-            grammars: Arc::new(Grammars::new(tokenizer.clone(), shared_vocab)),
+            grammars: Arc::new(Grammars::new(
+                tokenizer.clone(),
+                shared_vocab,
+                config.admission.grammar_compile_timeout,
+            )),
             tokenizer,
-            tokenizer_actor,
+            tokenizer_actor: parking_lot::RwLock::new(tokenizer_actor),
+            session_config: parking_lot::Mutex::new(None),
             nodes: front.map(|f| f.statuses).unwrap_or_default(),
             pools,
         });
@@ -397,10 +427,17 @@ impl Engine {
             link: StreamLink::new(),
         };
         let link = launch.link.clone();
+        let deadline = launch.deadline;
         match ticket {
             Ticket::Admitted => launch.run().await?,
             waiting => {
                 tokio::spawn(async move {
+                    let out_of_time = async {
+                        match deadline {
+                            Some(limit) => tokio::time::sleep_until((submitted + limit).into()).await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         admitted = waiting.wait() => match admitted {
                             Ok(()) => {
@@ -415,6 +452,11 @@ impl Engine {
                         },
                         // The client left while waiting; dropping `launch` frees the place.
                         () = client.closed() => {}
+                        () = out_of_time => {
+                            drop(launch);
+                            let limit = deadline.unwrap_or_default();
+                            let _ = client.send(GenerationEvent::error(EngineError::DeadlineExceeded { limit }, Usage::default()));
+                        }
                     }
                 });
             }
@@ -477,7 +519,7 @@ impl Engine {
             |reply| TokenizerMsg::Encode { text, add_special_tokens, session, reply },
             TOKENIZE_TIMEOUT.as_millis() as u64
         )
-        .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+        .map_err(tokenizer_unavailable)?
         .map_err(tokenize_error)
     }
 
@@ -499,23 +541,63 @@ impl Engine {
             |reply| TokenizerMsg::Chat { messages, options, session, reply },
             TOKENIZE_TIMEOUT.as_millis() as u64
         )
-        .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))?
+        .map_err(tokenizer_unavailable)?
         .map_err(tokenize_error)
     }
 
     /// Replaces the tokenizer's session settings (stored sessions are dropped).
     pub fn configure_sessions(&self, config: SessionConfig) -> Result<(), EngineError> {
         let actor = self.tokenizer_actor()?;
-        actor
-            .send_message(TokenizerMsg::ConfigureSessions(config))
-            .map_err(|e| EngineError::Internal(format!("tokenizer: {e}")))
+        *self.shared.session_config.lock() = Some(config.clone());
+        actor.send_message(TokenizerMsg::ConfigureSessions(config)).map_err(tokenizer_unavailable)
     }
 
-    fn tokenizer_actor(&self) -> Result<&ActorRef<TokenizerMsg>, EngineError> {
+    fn tokenizer_actor(&self) -> Result<ActorRef<TokenizerMsg>, EngineError> {
         self.shared
             .tokenizer_actor
-            .as_ref()
+            .read()
+            .clone()
             .ok_or_else(|| EngineError::InvalidRequest("this engine's models have no tokenizer: send token ids".into()))
+    }
+
+    /// Whether every model can serve (its compute answers and is in service) and the
+    /// tokenizer answers, each within a short time limit.
+    pub async fn readiness(&self) -> Readiness {
+        self.readiness_of(&self.shared.snapshots().await).await
+    }
+
+    /// [`readiness`](Self::readiness) from snapshots the caller already has.
+    pub async fn readiness_of(&self, snapshots: &[SubserverSnapshot]) -> Readiness {
+        let models = self
+            .shared
+            .names
+            .iter()
+            .map(|name| {
+                let reason = match snapshots.iter().find(|s| &s.model == name) {
+                    None => Some(format!("not answering within {}s", STATS_TIMEOUT.as_secs())),
+                    Some(s) if s.failed => Some("out of service after repeated failures; reloading".to_string()),
+                    Some(_) => None,
+                };
+                ModelReadiness { model: name.clone(), ready: reason.is_none(), reason }
+            })
+            .collect::<Vec<_>>();
+        let tokenizer = match self.shared.tokenizer.is_some() {
+            true => Some(self.tokenizer_answers().await),
+            false => None,
+        };
+        Readiness::new(models, tokenizer)
+    }
+
+    async fn tokenizer_answers(&self) -> bool {
+        let Ok(actor) = self.tokenizer_actor() else { return false };
+        ractor::call_t!(actor, TokenizerMsg::Ping, STATS_TIMEOUT.as_millis() as u64).is_ok()
+    }
+
+    /// Test hook: the tokenizer actor fails on its next message, as a bug would.
+    #[doc(hidden)]
+    pub fn inject_tokenizer_fault(&self) -> Result<(), EngineError> {
+        let actor = self.tokenizer_actor()?;
+        actor.send_message(TokenizerMsg::InjectPanic).map_err(|e| EngineError::Internal(e.to_string()))
     }
 
     /// Per-model snapshots: queues, thresholds, KV use, step statistics.
@@ -534,6 +616,13 @@ impl Engine {
 
     pub fn active_requests(&self) -> usize {
         self.shared.active_count()
+    }
+
+    /// Requests whose actors compute threads can reach now (for leak checks: it must
+    /// come back to zero with [`active_requests`](Self::active_requests)).
+    #[doc(hidden)]
+    pub fn registered_requests(&self) -> usize {
+        self.shared.registry.len()
     }
 
     /// The times to first token (seconds) of requests whose first token came since the
@@ -583,6 +672,11 @@ impl Engine {
         // Joining blocks: do it off the async workers.
         let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
     }
+}
+
+/// The tokenizer actor did not answer: it is being restarted, or overloaded (503).
+fn tokenizer_unavailable<E: std::fmt::Display>(e: E) -> EngineError {
+    EngineError::ModelUnavailable(format!("the tokenizer is not answering ({e}); retry shortly"))
 }
 
 fn tokenize_error(e: TokenizeError) -> EngineError {

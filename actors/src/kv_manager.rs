@@ -75,12 +75,15 @@ pub struct AdmissionConfig {
     pub max_waiting: usize,
     /// Longest wait for KV before the request is refused (503 with Retry-After).
     pub kv_wait_timeout: Duration,
-    /// Longest a request may run from submission, waiting included; `None`: no limit
-    /// besides the one a request brings.
+    /// Longest a request may run from submission, waiting included (10 minutes by
+    /// default, so that no request can go without an end); `None`: no limit besides
+    /// the one a request brings.
     pub request_timeout: Option<Duration>,
     /// Colocated candle models share one K/V budget (the sum of theirs), split by
     /// demand; off: each keeps its own `kv_budget_bytes`.
     pub share_kv: bool,
+    /// Longest a request waits for its grammar to compile, queueing included (400).
+    pub grammar_compile_timeout: Duration,
 }
 
 impl Default for AdmissionConfig {
@@ -89,8 +92,9 @@ impl Default for AdmissionConfig {
             output_headroom: 256,
             max_waiting: 1024,
             kv_wait_timeout: Duration::from_secs(60),
-            request_timeout: None,
+            request_timeout: Some(Duration::from_secs(600)),
             share_kv: true,
+            grammar_compile_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! or after the launch cancels the request exactly once.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -17,33 +18,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::engine::EngineShared;
 use crate::error::EngineError;
 use crate::events::GenerationEvent;
-use crate::request::{RequestActor, RequestArgs, RequestCore, RequestMsg};
-
-/// A KV reservation not yet owned by a request actor: dropping it gives it back.
-pub(crate) struct Reservation {
-    shared: Arc<EngineShared>,
-    id: RequestId,
-    armed: bool,
-}
-
-impl Reservation {
-    pub fn new(shared: Arc<EngineShared>, id: RequestId) -> Self {
-        Reservation { shared, id, armed: true }
-    }
-
-    /// The request actor owns it now (it releases the request when it ends).
-    fn hand_over(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.kv_release(self.id);
-        }
-    }
-}
+use crate::request::{RequestActor, RequestArgs, RequestCore, RequestMsg, Reservation};
 
 #[derive(Default)]
 struct LinkState {
@@ -87,6 +62,15 @@ impl StreamLink {
     }
 }
 
+/// Test hook: how long a launch pauses after its request actor has started, widening
+/// the window in which the request's deadline can strike before it is sent anywhere.
+static LAUNCH_DELAY_US: AtomicU64 = AtomicU64::new(0);
+
+#[doc(hidden)]
+pub fn set_launch_delay_for_tests(delay: Duration) {
+    LAUNCH_DELAY_US.store(delay.as_micros() as u64, Ordering::Relaxed);
+}
+
 /// Everything needed to start a request once it holds its KV reservation.
 pub(crate) struct Launch {
     pub shared: Arc<EngineShared>,
@@ -103,13 +87,16 @@ impl Launch {
     /// Spawns the request actor, registers it, and sends the request to its entry model.
     pub async fn run(self) -> Result<(), EngineError> {
         let Launch { shared, root, core, spec, reservation, submitted, deadline, link } = self;
-        let id = spec.id;
-        let args = RequestArgs { core, shared: shared.clone(), submitted, deadline };
+        // The actor registers itself and takes the reservation before it handles any
+        // message, so nothing (its deadline included) can release it unregistered.
+        let args = RequestArgs { core, shared: shared.clone(), reservation, submitted, deadline };
         let (actor, _) = Actor::spawn_linked(None, RequestActor, args, root.get_cell())
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        shared.admitted(id, actor.clone());
-        reservation.hand_over();
+        let delay = LAUNCH_DELAY_US.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+        }
         let (entry, arrival) = admit(spec, shared.model_count());
         if let Err(e) = shared.deliver(entry, arrival) {
             let _ = actor.send_message(RequestMsg::Abort(e));

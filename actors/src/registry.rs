@@ -62,6 +62,11 @@ impl Registry {
         }
     }
 
+    /// Requests registered now.
+    pub fn len(&self) -> usize {
+        self.requests.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     pub fn for_each(&self, mut f: impl FnMut(&ActorRef<RequestMsg>)) {
         self.requests.read().unwrap_or_else(|p| p.into_inner()).values().for_each(|a| f(a));
     }

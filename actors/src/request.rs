@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokenrouter_core::policy::ModelIndex;
-use tokenrouter_core::sched::{rebuild, Arrival, FinishReason, RequestEvent, RequestSpec};
+use tokenrouter_core::sched::{rebuild, Arrival, FinishReason, RequestEvent, RequestId, RequestSpec};
 use tokenrouter_core::tokenize::{StopMatcher, StopStep, StreamDecoder};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -199,17 +199,45 @@ impl RequestCore {
     }
 }
 
-pub struct RequestActor;
+/// A KV reservation not yet owned by a request actor: dropping it gives it back.
+pub(crate) struct Reservation {
+    shared: Arc<EngineShared>,
+    id: RequestId,
+    armed: bool,
+}
 
-pub struct RequestArgs {
+impl Reservation {
+    pub fn new(shared: Arc<EngineShared>, id: RequestId) -> Self {
+        Reservation { shared, id, armed: true }
+    }
+
+    /// The request actor owns it now (it releases the request when it ends).
+    fn hand_over(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.kv_release(self.id);
+        }
+    }
+}
+
+pub(crate) struct RequestActor;
+
+pub(crate) struct RequestArgs {
     pub core: RequestCore,
     pub shared: Arc<EngineShared>,
+    /// The request's KV; the actor owns it from its start.
+    pub reservation: Reservation,
     pub submitted: Instant,
     /// Time left to run, counted from `submitted`.
     pub deadline: Option<Duration>,
 }
 
-pub struct RequestState {
+pub(crate) struct RequestState {
     core: RequestCore,
     submitted: Instant,
     shared: Arc<EngineShared>,
@@ -221,6 +249,9 @@ impl Actor for RequestActor {
     type Arguments = RequestArgs;
 
     async fn pre_start(&self, me: ActorRef<RequestMsg>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
+        // Registered before any message is handled: every release finds it registered.
+        args.shared.admitted(args.core.spec.id, me.clone());
+        args.reservation.hand_over();
         if let Some(limit) = args.deadline {
             let left = limit.saturating_sub(args.submitted.elapsed());
             me.send_after(left, move || RequestMsg::Abort(EngineError::DeadlineExceeded { limit }));

@@ -42,6 +42,10 @@ pub enum TokenizerMsg {
     },
     /// New session settings; stored sessions are dropped.
     ConfigureSessions(SessionConfig),
+    /// Answers at once: the actor is alive (for health checks).
+    Ping(RpcReplyPort<()>),
+    /// Test hook: fail as a bug in this actor would.
+    InjectPanic,
 }
 
 // Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
@@ -91,6 +95,10 @@ impl TokenizerState {
             }
             // Requests already queued finish on the old sessions, which are then dropped.
             TokenizerMsg::ConfigureSessions(config) => self.work = Arc::new(self.work.reconfigured(config)?),
+            TokenizerMsg::Ping(reply) => {
+                let _ = reply.send(());
+            }
+            TokenizerMsg::InjectPanic => panic!("injected tokenizer-actor fault"),
         }
         Ok(())
     }

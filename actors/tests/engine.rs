@@ -74,6 +74,7 @@ fn engine_config(m: &Models, policy: Arc<dyn Policy>, thresholds: &[usize]) -> E
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     }
 }
 
@@ -298,7 +299,12 @@ async fn wait_until_everything_is_freed(engine: &Engine) {
     for _ in 0..200 {
         let stats = engine.stats().await;
         let idle = stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks && s.ready == 0 && s.pending == 0);
-        if idle && engine.active_requests() == 0 && engine.kv_usage().await.unwrap().reserved_tokens == 0 {
+        let unregistered = engine.registered_requests() == 0;
+        if idle
+            && unregistered
+            && engine.active_requests() == 0
+            && engine.kv_usage().await.unwrap().reserved_tokens == 0
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -353,7 +359,11 @@ async fn panicking_models_resume_their_requests_and_match_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_keeps_failing_fails_its_requests_instead_of_hanging() {
     let m = models(&[48]);
-    let engine = Engine::start(engine_config(&m, random(0.0), &[1])).await.unwrap();
+    let mut config = engine_config(&m, random(0.0), &[1]);
+    // Out of service for the whole test (the reload is another test's).
+    config.supervision.restart_backoff = Duration::from_secs(600);
+    config.supervision.max_restart_backoff = Duration::from_secs(600);
+    let engine = Engine::start(config).await.unwrap();
     for _ in 0..8 {
         engine.inject_fault(0, Fault::Message).unwrap();
         let (_, end) = collect(&engine, request(1)).await;
@@ -601,3 +611,6 @@ mod llamacpp {
 
 #[path = "engine/structured.rs"]
 mod structured;
+
+#[path = "engine/supervision.rs"]
+mod supervision;

@@ -29,6 +29,7 @@ async fn qwen3_engine() -> Option<(Engine, TempDir)> {
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     };
     Some((Engine::start(config).await.unwrap(), dir))
 }

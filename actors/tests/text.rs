@@ -51,6 +51,7 @@ fn config(dirs: &[&TempDir]) -> EngineConfig {
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     }
 }
 
@@ -142,4 +143,28 @@ async fn models_with_different_tokenizers_are_refused() {
     let (a, b) = (tiny_with_tokenizer(4, &qwen), tiny_with_tokenizer(5, &llama));
     let err = Engine::start(config(&[&a, &b])).await.err().expect("refused");
     assert!(matches!(err, EngineError::Config(_)) && err.to_string().contains("tokenizer"), "{err}");
+}
+
+/// A tokenizer actor that dies is started again: the engine reports itself not ready
+/// only until then, and tokenizes as before (a session configured earlier included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_tokenizer_actor_is_respawned() {
+    let Some(qwen) = assets("qwen3") else { return };
+    let a = tiny_with_tokenizer(4, &qwen);
+    let engine = Engine::start(config(&[&a])).await.unwrap();
+    let before = engine.encode("Hello, world".into(), false).await.unwrap();
+    assert_eq!(engine.readiness().await.tokenizer, Some(true));
+    engine.inject_tokenizer_fault().unwrap();
+    let mut answers = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Ok(ids) = engine.encode("Hello, world".into(), false).await {
+            answers = Some(ids);
+            break;
+        }
+    }
+    assert_eq!(answers.expect("the tokenizer came back"), before);
+    let readiness = engine.readiness().await;
+    assert!(readiness.ready, "{readiness:?}");
+    engine.shutdown().await;
 }

@@ -65,6 +65,8 @@ async fn chat_in_process(mut args: ChatArgs, routing: Value) -> anyhow::Result<(
     let mut config = args.source.load()?;
     config.server.host = "127.0.0.1".into();
     config.server.port = 0;
+    // The chat client speaks plain HTTP to its own in-process server on loopback.
+    config.server.tls = None;
     if args.api_key.is_none() {
         args.api_key = config.server.api_keys.first().cloned();
     }

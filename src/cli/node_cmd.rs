@@ -28,6 +28,16 @@ pub struct NodeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Obey fronts that inject faults (`POST /debug/fault` on a front with
+    /// `debug.fault_injection`); also on with `debug.fault_injection: true` in this
+    /// node's config. Off, such requests are refused and logged. For tests and drills.
+    #[arg(long)]
+    pub allow_fault_injection: bool,
+    /// Skips the warm-up each model runs when a front first asks for it (as `serve
+    /// --no-warm-up`): KV pages committed, one step at the largest batch, backtrace
+    /// symbols loaded.
+    #[arg(long)]
+    pub no_warm_up: bool,
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
@@ -43,6 +53,9 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let config = ServerConfig::load(&args.config)?;
     let cache = ModelCache::from_env();
     let prepared = tokio::task::block_in_place(|| config.prepare(&cache, None))?;
+    if !args.no_warm_up {
+        super::serve::enable_warm_up(&prepared.engine.limits);
+    }
     let options = NodeOptions {
         listen: args.listen,
         cookie,
@@ -50,6 +63,7 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
         exclusive_compute: config.scheduler.exclusive_compute,
         base_dir: Some(config.base_dir.clone()),
         tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| NodeTls { cert, key }),
+        allow_fault_injection: args.allow_fault_injection || config.debug.fault_injection,
     };
     let names: Vec<String> = options.models.iter().map(|m| m.name.clone()).collect();
     let node = serve_node(options).await.context("starting the node")?;

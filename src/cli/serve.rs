@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tokenrouter_actors::Engine;
+use tokenrouter_actors::{Engine, StepLimits};
 use tokenrouter_core::model::warmup::{self, WarmUpShape};
 use tokenrouter_core::policy::Policy;
 
@@ -69,8 +69,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let options = StartOptions { warm_up: !args.no_warm_up, report: say };
     let started = start(config, &options, shutdown_signal()).await?;
-    let addr = started.server.addr();
-    println!("tokenrouter listening on http://{addr}  (dashboard: http://{addr}/dashboard)");
+    let (scheme, addr) = (started.server.scheme(), started.server.addr());
+    println!("tokenrouter listening on {scheme}://{addr}  (dashboard: {scheme}://{addr}/dashboard)");
     started.wait().await?;
     say("tokenrouter stopped");
     Ok(())
@@ -107,6 +107,8 @@ pub async fn start(
     options: &StartOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Started> {
+    // Before any model is prepared or loaded: a bad certificate stops the start at once.
+    let tls = config.server.tls.as_ref().map(|t| t.acceptor(&config.base_dir)).transpose()?;
     // Before the engine starts: metrics recorded without a recorder are lost.
     let metrics = http::install_metrics_recorder()?;
     let progress = indicatif::MultiProgress::new();
@@ -116,9 +118,7 @@ pub async fn start(
         (options.report)(&format!("tokenizer: {}", t.source));
     }
     if options.warm_up {
-        let limits = &prepared.engine.limits;
-        warmup::enable(WarmUpShape { rows: limits.max_batch_rows, tokens: limits.step_token_budget });
-        tokio::task::block_in_place(load_backtrace_symbols);
+        enable_warm_up(&prepared.engine.limits);
     }
     let spinner = progress.add(indicatif::ProgressBar::new_spinner());
     spinner.set_message(format!("loading {} model(s)", prepared.engine.models.len()));
@@ -149,6 +149,10 @@ pub async fn start(
         .with_served_model(served)
         .with_fault_injection(config.debug.fault_injection)
         .with_metrics(metrics);
+    let state = match tls {
+        Some(tls) => state.with_tls(tls),
+        None => state,
+    };
     let server = http::run_server(state, config.server.address(), shutdown).await?;
     Ok(Started { server, engines })
 }
@@ -181,6 +185,15 @@ async fn start_generator(
     );
     let generator: Arc<dyn Generator> = started.dispatcher;
     Ok((generator, started.engines))
+}
+
+/// Models loaded from now on warm up before they serve, at the largest step `limits`
+/// allow (KV pages committed, one step per model), and with backtraces on the symbols
+/// are loaded now: resident memory starts at its working size (docs/reliability.md).
+/// `serve` and `node` call it unless told `--no-warm-up`.
+pub(crate) fn enable_warm_up(limits: &StepLimits) {
+    warmup::enable(WarmUpShape { rows: limits.max_batch_rows, tokens: limits.step_token_budget });
+    tokio::task::block_in_place(load_backtrace_symbols);
 }
 
 /// With backtraces on (`RUST_BACKTRACE`), the first panic reads the binary's debug info

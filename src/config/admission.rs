@@ -1,10 +1,11 @@
-//! `admission:` (KV reservations, the admission queue, time limits) and `debug:`
-//! (opt-in fault injection for soak tests).
+//! `admission:` (KV reservations, the admission queue, time limits), `supervision:`
+//! (how a model out of service comes back) and `debug:` (opt-in fault injection for
+//! soak tests).
 
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokenrouter_actors::AdmissionConfig;
+use tokenrouter_actors::{AdmissionConfig, SupervisionConfig};
 
 /// How requests are admitted and how long they may take.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -22,13 +23,19 @@ pub struct AdmissionSection {
     /// event, when the stream has started).
     #[serde(default = "defaults::kv_wait_timeout_s")]
     pub kv_wait_timeout_s: f64,
-    /// Longest a request may run from submission, in seconds (absent: no limit).
-    #[serde(default)]
+    /// Longest a request may run from submission, waiting included, in seconds; then
+    /// 504 (or an error event, when the stream has started). `null`: no limit besides
+    /// the one a request brings.
+    #[serde(default = "defaults::request_timeout_s")]
     pub request_timeout_s: Option<f64>,
     /// The candle models served in this process share one K/V budget, the sum of
     /// their `kv_budget_mib`, split by demand; `false`: each keeps its own.
     #[serde(default = "defaults::share_kv")]
     pub share_kv: bool,
+    /// Longest a request waits for its grammar (structured outputs) to compile,
+    /// queueing included, in seconds; then 400 naming this key.
+    #[serde(default = "defaults::grammar_compile_timeout_s")]
+    pub grammar_compile_timeout_s: f64,
 }
 
 impl Default for AdmissionSection {
@@ -37,8 +44,9 @@ impl Default for AdmissionSection {
             output_headroom: defaults::output_headroom(),
             max_waiting: defaults::max_waiting(),
             kv_wait_timeout_s: defaults::kv_wait_timeout_s(),
-            request_timeout_s: None,
+            request_timeout_s: defaults::request_timeout_s(),
             share_kv: defaults::share_kv(),
+            grammar_compile_timeout_s: defaults::grammar_compile_timeout_s(),
         }
     }
 }
@@ -51,6 +59,7 @@ impl AdmissionSection {
             kv_wait_timeout: Duration::from_secs_f64(self.kv_wait_timeout_s.max(0.0)),
             request_timeout: self.request_timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0))),
             share_kv: self.share_kv,
+            grammar_compile_timeout: Duration::from_secs_f64(self.grammar_compile_timeout_s.max(0.0)),
         }
     }
 
@@ -63,8 +72,53 @@ impl AdmissionSection {
         if self.request_timeout_s.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
             out.push(("admission.request_timeout_s", "must be a positive number of seconds".to_string()));
         }
+        if !(self.grammar_compile_timeout_s.is_finite() && self.grammar_compile_timeout_s > 0.0) {
+            out.push(("admission.grammar_compile_timeout_s", "must be a positive number of seconds".to_string()));
+        }
         if self.max_waiting == 0 {
             out.push(("admission.max_waiting", "must be at least 1".to_string()));
+        }
+        out
+    }
+}
+
+/// A model that panicked repeatedly is out of service (its requests get 503): it
+/// reloads from its weights after `restart_backoff_s`, and the wait doubles while
+/// reloads fail or soon fail again, up to `max_restart_backoff_s`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisionSection {
+    #[serde(default = "defaults::restart_backoff_s")]
+    pub restart_backoff_s: f64,
+    #[serde(default = "defaults::max_restart_backoff_s")]
+    pub max_restart_backoff_s: f64,
+}
+
+impl Default for SupervisionSection {
+    fn default() -> Self {
+        SupervisionSection {
+            restart_backoff_s: defaults::restart_backoff_s(),
+            max_restart_backoff_s: defaults::max_restart_backoff_s(),
+        }
+    }
+}
+
+impl SupervisionSection {
+    pub fn to_engine(&self) -> SupervisionConfig {
+        SupervisionConfig {
+            restart_backoff: Duration::from_secs_f64(self.restart_backoff_s.max(0.0)),
+            max_restart_backoff: Duration::from_secs_f64(self.max_restart_backoff_s.max(0.0)),
+        }
+    }
+
+    /// Problems, as (key, message).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if !(self.restart_backoff_s.is_finite() && self.restart_backoff_s > 0.0) {
+            out.push(("supervision.restart_backoff_s", "must be a positive number of seconds".to_string()));
+        }
+        if !(self.max_restart_backoff_s.is_finite() && self.max_restart_backoff_s >= self.restart_backoff_s) {
+            out.push(("supervision.max_restart_backoff_s", "must be at least restart_backoff_s".to_string()));
         }
         out
     }
@@ -81,7 +135,19 @@ pub struct DebugSection {
 }
 
 mod defaults {
-    use tokenrouter_actors::AdmissionConfig;
+    use tokenrouter_actors::{AdmissionConfig, SupervisionConfig};
+
+    pub fn request_timeout_s() -> Option<f64> {
+        AdmissionConfig::default().request_timeout.map(|d| d.as_secs_f64())
+    }
+
+    pub fn restart_backoff_s() -> f64 {
+        SupervisionConfig::default().restart_backoff.as_secs_f64()
+    }
+
+    pub fn max_restart_backoff_s() -> f64 {
+        SupervisionConfig::default().max_restart_backoff.as_secs_f64()
+    }
 
     pub fn output_headroom() -> usize {
         AdmissionConfig::default().output_headroom
@@ -93,6 +159,10 @@ mod defaults {
 
     pub fn kv_wait_timeout_s() -> f64 {
         AdmissionConfig::default().kv_wait_timeout.as_secs_f64()
+    }
+
+    pub fn grammar_compile_timeout_s() -> f64 {
+        AdmissionConfig::default().grammar_compile_timeout.as_secs_f64()
     }
 
     pub fn share_kv() -> bool {

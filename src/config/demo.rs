@@ -25,6 +25,7 @@ pub fn demo_config() -> ServerConfig {
         scheduler: SchedulerSection::default(),
         server: ServerSection::default(),
         admission: Default::default(),
+        supervision: Default::default(),
         debug: Default::default(),
         pools: None,
         tokenization: Default::default(),

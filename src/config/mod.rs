@@ -29,7 +29,7 @@ mod tests_prepare;
 
 use std::path::{Path, PathBuf};
 
-pub use admission::{AdmissionSection, DebugSection};
+pub use admission::{AdmissionSection, DebugSection, SupervisionSection};
 pub use cache::{default_cache_dir, ModelCache, TokenizerChoice};
 pub use catalog::{CatalogError, PolicyCatalog};
 pub use demo::{builtin_config, demo_config, BUILTIN_CONFIG_NAMES};
@@ -39,7 +39,8 @@ pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
 pub use remote::{ClusterSection, RemoteEntry, TlsSection, COOKIE_ENV};
 pub use schema::{
-    AllowedPolicy, KnownModel, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ThresholdSpec,
+    AllowedPolicy, KnownModel, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ServerTlsSection,
+    ThresholdSpec,
 };
 pub use tokenization::TokenizationSection;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
@@ -59,6 +60,8 @@ pub struct ServerConfig {
     pub server: ServerSection,
     #[serde(default)]
     pub admission: AdmissionSection,
+    #[serde(default)]
+    pub supervision: SupervisionSection,
     #[serde(default)]
     pub debug: DebugSection,
     /// Dual-pool routing over pools of engines (absent: one engine).

@@ -108,6 +108,7 @@ impl ServerConfig {
             exclusive_compute: self.scheduler.exclusive_compute,
             replan: self.replan_config(),
             admission: self.admission_config(),
+            supervision: self.supervision_config(),
         };
         let preset_tokenizer = match self.models.iter().any(|m| m.preset.is_some() && m.tokenizer.is_none()) {
             true => cache.tokenizer(progress).ok().cloned(),
@@ -127,6 +128,10 @@ impl ServerConfig {
 
     pub fn admission_config(&self) -> tokenrouter_actors::AdmissionConfig {
         self.admission.to_engine()
+    }
+
+    pub fn supervision_config(&self) -> tokenrouter_actors::SupervisionConfig {
+        self.supervision.to_engine()
     }
 
     pub fn step_limits(&self) -> StepLimits {

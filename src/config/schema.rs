@@ -3,14 +3,16 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
+use tokenrouter_actors::tls::{self, CertificateFiles, TlsAcceptor};
 use tokenrouter_actors::StepLimits;
 use tokenrouter_core::model::{BackendKind, DeviceSpec, KvDtype, WeightDtype};
 
+use super::error::ConfigError;
 use crate::http::RequestLimits;
 
 /// One model: a Hugging Face folder (`path`) or a random-weight `preset` made in the cache.
@@ -362,6 +364,27 @@ pub struct ServerSection {
     pub max_tools: Option<usize>,
     #[serde(default)]
     pub max_tool_schema_bytes: Option<usize>,
+    /// Serve HTTPS with this certificate; absent: plain HTTP.
+    #[serde(default)]
+    pub tls: Option<ServerTlsSection>,
+}
+
+/// `server.tls`: the certificate the server presents, as PEM files.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsSection {
+    /// The certificate chain, leaf first; relative to the config file.
+    pub cert: PathBuf,
+    /// The certificate's private key (PKCS#8, PKCS#1 or SEC1); relative to the config file.
+    pub key: PathBuf,
+}
+
+impl ServerTlsSection {
+    /// Reads both files and checks that they belong together; a problem names `server.tls`.
+    pub fn acceptor(&self, base_dir: &Path) -> Result<TlsAcceptor, ConfigError> {
+        let files = CertificateFiles { cert: base_dir.join(&self.cert), key: base_dir.join(&self.key) };
+        tls::acceptor(&files).map_err(|message| ConfigError::new("server.tls", message))
+    }
 }
 
 impl Default for ServerSection {
@@ -384,6 +407,7 @@ impl Default for ServerSection {
             max_grammar_bytes: None,
             max_tools: None,
             max_tool_schema_bytes: None,
+            tls: None,
         }
     }
 }

@@ -366,3 +366,23 @@ fn a_build_without_cuda_says_how_to_get_it() {
     let e = load_backend(std::path::Path::new("/nonexistent"), &options).err().unwrap();
     assert!(e.to_string().contains("--features cuda"), "{e}");
 }
+
+#[test]
+fn server_tls_reads_its_pem_files_at_start_and_names_what_is_wrong() {
+    assert!(parse(PAIR).unwrap().server.tls.is_none(), "plain HTTP unless asked");
+    let config = parse(&with_pair("server: {tls: {cert: certs/server.pem, key: certs/server.key}}")).unwrap();
+    let tls = config.server.tls.as_ref().unwrap();
+    assert_eq!((tls.cert.as_path(), tls.key.as_path()), (Path::new("certs/server.pem"), Path::new("certs/server.key")));
+    let missing = tls.acceptor(&config.base_dir).err().expect("no such files");
+    assert!(missing.mentions("server.tls"), "{missing}");
+    assert!(missing.to_string().contains("/etc/tokenrouter/certs/server.pem"), "relative to the config: {missing}");
+
+    let dir = tempfile::TempDir::new().unwrap();
+    std::fs::write(dir.path().join("empty.pem"), "").unwrap();
+    std::fs::write(dir.path().join("empty.key"), "").unwrap();
+    let empty = ServerTlsSection { cert: "empty.pem".into(), key: "empty.key".into() };
+    let error = empty.acceptor(dir.path()).err().expect("a file without a certificate");
+    assert!(error.to_string().contains("no PEM certificate"), "{error}");
+
+    assert!(refused(&with_pair("server: {tls: {cert: a.pem}}")).to_string().contains("key"));
+}

@@ -30,6 +30,9 @@ impl ServerConfig {
         for (key, message) in self.admission.problems() {
             problems.push(key, message);
         }
+        for (key, message) in self.supervision.problems() {
+            problems.push(key, message);
+        }
         if let Some(cluster) = &self.cluster {
             for (key, message) in cluster.problems(&self.model_names()) {
                 problems.push(key, message);

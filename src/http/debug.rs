@@ -1,4 +1,4 @@
-//! `POST /debug/fault {"model": "large", "point": "step" | "mid_apply" | "message"}`:
+//! `POST /debug/fault {"model": "large", "point": "step" | "mid_apply" | "message" | "recover"}`:
 //! makes a model panic at that point, to watch requests survive it (soak tests, the
 //! churn workload of `tokenrouter-load`). Served only when the config turns
 //! `debug.fault_injection` on; otherwise the route does not exist (404).

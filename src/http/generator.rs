@@ -9,7 +9,9 @@ use futures::FutureExt;
 use serde::Serialize;
 use tokenrouter_actors::kv_manager::KvUsage;
 use tokenrouter_actors::tokenizer::RenderedChat;
-use tokenrouter_actors::{Engine, EngineError, Fault, GenerateRequest, GenerationEvent, SubserverSnapshot};
+use tokenrouter_actors::{
+    Engine, EngineError, Fault, GenerateRequest, GenerationEvent, ModelReadiness, Readiness, SubserverSnapshot,
+};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 use tokenrouter_core::tools::ToolSyntax;
 
@@ -26,6 +28,8 @@ pub struct EngineStats {
     pub active_requests: usize,
     /// Remote subservers and their nodes' state (empty without a cluster).
     pub nodes: Vec<tokenrouter_actors::remote::NodeStatus>,
+    /// Readiness from the same snapshots, where the generator can tell it that way.
+    pub readiness: Option<Readiness>,
 }
 
 pub trait Generator: Send + Sync + 'static {
@@ -111,6 +115,21 @@ pub trait Generator: Send + Sync + 'static {
     /// Every model's subserver is up and answering.
     fn ready(&self) -> BoxFuture<'_, bool>;
 
+    /// Readiness per model (for `/health` and `/v1/stats`); by default every model
+    /// shares the answer of [`ready`](Self::ready).
+    fn readiness(&self) -> BoxFuture<'_, Readiness> {
+        async move {
+            let ready = self.ready().await;
+            let models = self
+                .model_names()
+                .into_iter()
+                .map(|model| ModelReadiness { model, ready, reason: (!ready).then(|| "not answering".to_string()) })
+                .collect();
+            Readiness::new(models, None)
+        }
+        .boxed()
+    }
+
     /// Test hook: model `model` panics at `fault` (see `/debug/fault`).
     fn inject_fault(&self, _model: usize, _fault: Fault) -> Result<(), EngineError> {
         Err(EngineError::InvalidRequest("this server cannot inject faults".into()))
@@ -190,18 +209,25 @@ impl Generator for Engine {
 
     fn stats(&self) -> BoxFuture<'_, EngineStats> {
         async move {
+            let models = Engine::stats(self).await;
+            let readiness = Some(self.readiness_of(&models).await);
             EngineStats {
-                models: Engine::stats(self).await,
+                models,
                 kv: self.kv_usage().await,
                 active_requests: self.active_requests(),
                 nodes: self.nodes(),
+                readiness,
             }
         }
         .boxed()
     }
 
     fn ready(&self) -> BoxFuture<'_, bool> {
-        async move { Engine::stats(self).await.len() == Engine::model_names(self).len() }.boxed()
+        async move { Engine::readiness(self).await.ready }.boxed()
+    }
+
+    fn readiness(&self) -> BoxFuture<'_, Readiness> {
+        Engine::readiness(self).boxed()
     }
 
     fn inject_fault(&self, model: usize, fault: Fault) -> Result<(), EngineError> {

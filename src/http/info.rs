@@ -20,18 +20,23 @@ pub async fn models(state: web::Data<AppState>, _: Authorized) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "object": "list", "data": data }))
 }
 
-/// 200 when every subserver answers; 503 while shutting down or when one does not.
+/// 200 when every model can serve and the tokenizer answers; 503 with `Retry-After`
+/// while shutting down, or while a model is out of service or not answering.
 pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     if state.is_shutting_down() {
         return Err(ApiError::ShuttingDown);
     }
-    if state.engine.ready().await {
-        Ok(HttpResponse::Ok().json(json!({ "status": "ok" })))
-    } else {
-        Ok(HttpResponse::ServiceUnavailable()
-            .json(json!({ "status": "unavailable", "message": "a subserver is not answering" })))
+    let readiness = state.engine.readiness().await;
+    match readiness.problem() {
+        None => Ok(HttpResponse::Ok().json(json!({ "status": "ok", "models": readiness.models }))),
+        Some(message) => Ok(HttpResponse::ServiceUnavailable()
+            .insert_header((actix_web::http::header::RETRY_AFTER, HEALTH_RETRY_AFTER_S.to_string()))
+            .json(json!({ "status": "unavailable", "message": message, "models": readiness.models }))),
     }
 }
+
+/// When a load balancer should ask again after a 503 from `/health`.
+const HEALTH_RETRY_AFTER_S: u64 = 5;
 
 /// Prometheus text exposition of everything recorded through the `metrics` crate.
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
@@ -48,6 +53,10 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 /// Per-model snapshots, KV use and requests in flight, for the dashboard.
 pub async fn stats(state: web::Data<AppState>) -> HttpResponse {
     let engine = state.engine.stats().await;
+    let readiness = match engine.readiness.clone() {
+        Some(readiness) => readiness,
+        None => state.engine.readiness().await,
+    };
     HttpResponse::Ok().json(json!({
         "model_names": state.engine.model_names(),
         "served_model": state.served_model,
@@ -58,6 +67,8 @@ pub async fn stats(state: web::Data<AppState>) -> HttpResponse {
         "http_in_flight": state.in_flight(),
         "max_queued_requests": state.limits.max_queued_requests,
         "shutting_down": state.is_shutting_down(),
+        "ready": readiness.ready && !state.is_shutting_down(),
+        "readiness": readiness,
     }))
 }
 

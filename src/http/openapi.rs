@@ -94,7 +94,7 @@ fn paths() -> Value {
         }},
         "/health": { "get": {
             "operationId": "health",
-            "summary": "200 when every subserver answers; 503 while shutting down or when one does not.",
+            "summary": "200 when every model can serve and the tokenizer answers; 503 with Retry-After while shutting down, or while a model is out of service or not answering.",
             "responses": {
                 "200": { "description": "Ready.", "content": json_content(schema("Health")) },
                 "503": { "description": "Not ready, or shutting down (then in the error envelope).",
@@ -172,7 +172,20 @@ fn schemas(b: &Bounds) -> Value {
         "Health": {
             "type": "object",
             "required": ["status"],
-            "properties": { "status": { "type": "string" }, "message": { "type": "string" } },
+            "properties": {
+                "status": { "type": "string", "enum": ["ok", "unavailable"] },
+                "message": { "type": "string" },
+                "models": { "type": "array", "items": schema("ModelReadiness") },
+            },
+        },
+        "ModelReadiness": {
+            "type": "object",
+            "required": ["model", "ready"],
+            "properties": {
+                "model": { "type": "string" },
+                "ready": { "type": "boolean" },
+                "reason": { "type": "string", "description": "Why not, when not." },
+            },
         },
         "Stats": stats(),
         "StatsHistory": stats_history(),
@@ -501,6 +514,12 @@ fn stats() -> Value {
             "http_in_flight": { "type": "integer" },
             "max_queued_requests": { "type": "integer" },
             "shutting_down": { "type": "boolean" },
+            "ready": { "type": "boolean", "description": "What `/health` answers." },
+            "readiness": { "type": "object", "properties": {
+                "ready": { "type": "boolean" },
+                "models": { "type": "array", "items": schema("ModelReadiness") },
+                "tokenizer": { "type": "boolean", "description": "Absent where the models have no tokenizer." },
+            }},
         },
     })
 }

@@ -4,16 +4,21 @@
 //! The server is assembled from actix's parts, as actix-web's `HttpServer` does, with
 //! one difference: every connection is wrapped in [`EnvelopedParseErrors`], so that
 //! requests refused before any handler runs are answered in OpenAI's envelope too.
+//! With `AppState::tls` the connection is TLS underneath that wrapper (rustls, through
+//! tokio-rustls as the cluster links use it; HTTP/1.1 only, as without TLS).
 
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::Duration;
 
+use actix_http::error::DispatchError;
 use actix_http::HttpService;
 use actix_server::ServerHandle;
-use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactoryExt};
+use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactory, ServiceFactoryExt};
 use actix_web::dev::AppConfig;
+use tokenrouter_actors::tls::TlsAcceptor;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::build_app;
@@ -35,6 +40,14 @@ impl RunningServer {
     /// The bound address (the real port when bound to port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `https` when the server speaks TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        match self.state.tls {
+            Some(_) => "https",
+            None => "http",
+        }
     }
 
     /// Graceful shutdown now, as when the shutdown signal fires: `/health` turns
@@ -76,7 +89,12 @@ where
     let addr = listeners[0].local_addr()?;
     for listener in listeners {
         let state = state.clone();
-        server = server.listen("tokenrouter-http", listener, move || connection_service(state.clone()))?;
+        server = match state.tls.clone() {
+            None => server.listen("tokenrouter-http", listener, move || plain_connections(state.clone()))?,
+            Some(tls) => {
+                server.listen("tokenrouter-https", listener, move || tls_connections(state.clone(), tls.clone()))?
+            }
+        };
     }
     let server = server.run();
     let handle = server.handle();
@@ -86,7 +104,7 @@ where
         shutdown_signal.await;
         shutdown(&watch_state, &watch_handle).await;
     });
-    tracing::info!(%addr, "listening");
+    tracing::info!(%addr, tls = state.tls.is_some(), "listening");
     Ok(RunningServer { addr, handle, state, task })
 }
 
@@ -117,31 +135,66 @@ fn bound_listener(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(socket.into())
 }
 
-/// What serves one worker's connections: each wrapped, then HTTP/1 into the app.
-fn connection_service(
+/// A client gets this long to finish its TLS handshake: without a limit, connections
+/// opened and left silent would each hold a socket and a task forever.
+const TLS_HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+
+/// What serves one worker's plain connections: each wrapped, then HTTP/1 into the app.
+fn plain_connections(
     state: AppState,
-) -> impl actix_service::ServiceFactory<
-    TcpStream,
-    Config = (),
-    Response = (),
-    Error = actix_http::error::DispatchError,
-    InitError = (),
-> {
+) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = DispatchError, InitError = ()> {
+    fn_service(|stream: TcpStream| async move {
+        let peer = accepted(&stream);
+        Ok((EnvelopedParseErrors::new(stream), peer))
+    })
+    .and_then(http_service(state))
+}
+
+/// [`plain_connections`] over TLS: the handshake first, within [`TLS_HANDSHAKE_LIMIT`].
+/// A client that fails it (plain HTTP to this port, a certificate it does not trust) is
+/// dropped; there is no HTTP connection yet to answer on.
+fn tls_connections(
+    state: AppState,
+    tls: TlsAcceptor,
+) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = DispatchError, InitError = ()> {
+    fn_service(move |stream: TcpStream| {
+        let tls = tls.clone();
+        async move {
+            let peer = accepted(&stream);
+            let handshake = tokio::time::timeout(TLS_HANDSHAKE_LIMIT, tls.accept(stream)).await;
+            let stream = handshake.map_err(|_| io::Error::from(io::ErrorKind::TimedOut)).and_then(|done| done);
+            let stream = stream.map_err(|e| {
+                tracing::debug!(?peer, %e, "TLS handshake failed");
+                DispatchError::Io(e)
+            })?;
+            Ok((EnvelopedParseErrors::new(stream), peer))
+        }
+    })
+    .and_then(http_service(state))
+}
+
+/// Socket settings for a new connection; returns its peer's address.
+fn accepted(stream: &TcpStream) -> Option<SocketAddr> {
+    // Without it Nagle's algorithm holds a streamed chunk for the client's delayed
+    // ACK: ~40 ms on every first token over a kept-alive connection.
+    let _ = stream.set_nodelay(true);
+    stream.peer_addr().ok()
+}
+
+/// HTTP/1 into the app, over any (wrapped) connection.
+fn http_service<T>(
+    state: AppState,
+) -> impl ServiceFactory<(T, Option<SocketAddr>), Config = (), Response = (), Error = DispatchError, InitError = ()>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
     let app = build_app(state).into_factory().map_err(|e| e.error_response());
-    let http = HttpService::build()
+    HttpService::build()
         // As actix-web's server: a client has a second to read the rest of a closing response.
         .client_disconnect_timeout(Duration::from_secs(1))
         // A client that closes its side is gone, not half-closed: abort its
         // connection, which drops the handler's future and so cancels a request
         // still being generated for a non-streamed response.
         .h1_allow_half_closed(false)
-        .h1(map_config(app, |_| AppConfig::default()));
-    fn_service(|stream: TcpStream| async move {
-        // Without it Nagle's algorithm holds a streamed chunk for the client's delayed
-        // ACK: ~40 ms on every first token over a kept-alive connection.
-        let _ = stream.set_nodelay(true);
-        let peer = stream.peer_addr().ok();
-        Ok((EnvelopedParseErrors::new(stream), peer))
-    })
-    .and_then(http)
+        .h1(map_config(app, |_| AppConfig::default()))
 }

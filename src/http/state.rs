@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokenrouter_actors::tls::TlsAcceptor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
@@ -116,6 +117,8 @@ pub struct AppState {
     pub fault_injection: bool,
     /// The last minutes of stats (`/v1/stats/history`), sampled while `run_server` serves.
     pub history: Arc<super::history::StatsHistory>,
+    /// Connections are TLS with this (config `server.tls`); `None`: plain HTTP.
+    pub tls: Option<TlsAcceptor>,
     admission: Arc<Semaphore>,
     shutting_down: Arc<AtomicBool>,
     next_id: Arc<AtomicU64>,
@@ -138,6 +141,7 @@ impl AppState {
             metrics: None,
             fault_injection: false,
             history: Arc::default(),
+            tls: None,
             shutting_down: Arc::new(AtomicBool::new(false)),
             next_id: Arc::new(AtomicU64::new(1)),
         }
@@ -161,6 +165,11 @@ impl AppState {
 
     pub fn with_fault_injection(mut self, on: bool) -> Self {
         self.fault_injection = on;
+        self
+    }
+
+    pub fn with_tls(mut self, acceptor: TlsAcceptor) -> Self {
+        self.tls = Some(acceptor);
         self
     }
 

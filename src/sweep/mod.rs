@@ -147,6 +147,7 @@ impl SweepSpec {
             limits: self.limits.clone(),
             exclusive_compute: self.exclusive_compute,
             replan: None,
+            supervision: Default::default(),
             admission: Default::default(),
         }
     }

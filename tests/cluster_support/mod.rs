@@ -69,6 +69,7 @@ pub fn engine_config(m: &Models, thresholds: &[usize]) -> EngineConfig {
         admission: Default::default(),
         exclusive_compute: false,
         replan: None,
+        supervision: Default::default(),
     }
 }
 
@@ -166,9 +167,31 @@ impl NodeProcess {
 
     /// [`start`](Self::start) with more `tokenrouter node` arguments.
     pub fn start_with(model_dir: &Path, address: &str, cookie: &str, wrap: &[&str], extra: &[&str]) -> NodeProcess {
+        Self::spawn(model_dir, address, cookie, wrap, extra, 16)
+    }
+
+    /// [`start_with`](Self::start_with), `m1` with a K/V budget of `kv_budget_mib`.
+    pub fn start_with_kv(
+        model_dir: &Path,
+        address: &str,
+        cookie: &str,
+        extra: &[&str],
+        kv_budget_mib: usize,
+    ) -> NodeProcess {
+        Self::spawn(model_dir, address, cookie, &[], extra, kv_budget_mib)
+    }
+
+    fn spawn(
+        model_dir: &Path,
+        address: &str,
+        cookie: &str,
+        wrap: &[&str],
+        extra: &[&str],
+        kv_budget_mib: usize,
+    ) -> NodeProcess {
         let config = TempDir::new().unwrap();
         let yaml = format!(
-            "models:\n  - name: m1\n    path: {}\n    kv_budget_mib: 16\n    block_size: 8\n",
+            "models:\n  - name: m1\n    path: {}\n    kv_budget_mib: {kv_budget_mib}\n    block_size: 8\n",
             model_dir.display()
         );
         std::fs::write(config.path().join("node.yaml"), yaml).unwrap();
@@ -191,6 +214,14 @@ impl NodeProcess {
             .expect("the node starts");
         wait_for_line(&mut child, "listening on", Duration::from_secs(30));
         NodeProcess { child, address: address.to_string(), _config: config }
+    }
+
+    /// The node's resident memory, from `/proc/PID/status`.
+    pub fn resident_mib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).expect("a VmRSS line");
+        let kib: u64 = line.trim().trim_end_matches("kB").trim().parse().unwrap();
+        kib >> 10
     }
 
     pub fn kill(&mut self) {
@@ -219,46 +250,4 @@ fn wait_for_line(child: &mut Child, needle: &str, limit: Duration) {
     });
     let deadline = Instant::now() + limit;
     rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("the node did not start in time");
-}
-
-/// A CA and a certificate for 127.0.0.1 signed by it (made with `openssl`), or why not.
-pub struct TestCerts {
-    pub dir: TempDir,
-}
-
-impl TestCerts {
-    pub fn make() -> Result<TestCerts, String> {
-        let dir = TempDir::new().unwrap();
-        let at = |f: &str| dir.path().join(f).to_string_lossy().into_owned();
-        std::fs::write(at("ext.cnf"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n").unwrap();
-        let steps: Vec<Vec<String>> = vec![
-            "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tokenrouter-test-ca"
-                .split(' ')
-                .map(String::from)
-                .chain(["-keyout".into(), at("ca.key"), "-out".into(), at("ca.pem")])
-                .collect(),
-            "req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1"
-                .split(' ')
-                .map(String::from)
-                .chain(["-keyout".into(), at("node.key"), "-out".into(), at("node.csr")])
-                .collect(),
-            "x509 -req -days 1 -CAcreateserial"
-                .split(' ')
-                .map(String::from)
-                .chain(["-in".into(), at("node.csr"), "-CA".into(), at("ca.pem"), "-CAkey".into(), at("ca.key")])
-                .chain(["-extfile".into(), at("ext.cnf"), "-out".into(), at("node.pem")])
-                .collect(),
-        ];
-        for step in steps {
-            let out = Command::new("openssl").args(&step).output().map_err(|e| format!("openssl: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("openssl {}: {}", step[0], String::from_utf8_lossy(&out.stderr).trim()));
-            }
-        }
-        Ok(TestCerts { dir })
-    }
-
-    pub fn path(&self, file: &str) -> String {
-        self.dir.path().join(file).to_string_lossy().into_owned()
-    }
 }

@@ -15,6 +15,7 @@ use tempfile::TempDir;
 use tokenrouter::actors::tokenizer::RenderedChat;
 use tokenrouter::actors::{
     AdmissionConfig, Engine, EngineConfig, EngineError, GenerateRequest, GenerationEvent, ModelSpec, StepLimits,
+    SupervisionConfig,
 };
 use tokenrouter::core::model::init::{copy_tokenizer, write_random_model, InitOptions};
 use tokenrouter::core::model::presets::preset;
@@ -58,6 +59,7 @@ pub struct Setup {
     pub kv_budget_bytes: usize,
     pub fault_injection: bool,
     pub prefix_cache: bool,
+    pub supervision: SupervisionConfig,
 }
 
 impl Default for Setup {
@@ -72,6 +74,7 @@ impl Default for Setup {
             kv_budget_bytes: 8 << 20,
             fault_injection: false,
             prefix_cache: true,
+            supervision: SupervisionConfig::default(),
         }
     }
 }
@@ -154,6 +157,7 @@ impl TestServer {
             admission: setup.admission,
             exclusive_compute: false,
             replan: None,
+            supervision: setup.supervision,
         })
         .await
         .unwrap();

@@ -38,7 +38,7 @@ pub(crate) async fn start_server(
     tls: Option<&NodeTls>,
 ) -> Result<ClusterServer, String> {
     let hostname = listen.ip().to_string();
-    let encryption = tls.map(tls::acceptor).transpose()?.map(IncomingEncryptionMode::Tls);
+    let encryption = tls.map(crate::tls::acceptor).transpose()?.map(IncomingEncryptionMode::Tls);
     let server = NodeServer::new(
         listen.port(),
         cookie.to_string(),

@@ -337,6 +337,7 @@ impl Link {
             restarts: 0,
             resumed: 0,
             failed: false,
+            reloads: 0,
         });
         if let Some(loaded) = self.loaded.take() {
             tracing::info!(model = %self.name(), "remote subserver up");

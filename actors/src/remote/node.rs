@@ -22,7 +22,7 @@ use super::messages::{LinkMsg, NodeMsg};
 use super::node_book::NodeBook;
 use super::wire::{Frame, Hello, Welcome};
 use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, Loaded};
-use crate::config::ModelSpec;
+use crate::config::{ModelSpec, SupervisionConfig};
 use crate::error::EngineError;
 use crate::registry::Registry;
 
@@ -41,6 +41,9 @@ pub struct NodeOptions {
     pub base_dir: Option<PathBuf>,
     /// Serve TLS with this certificate; `None`: plain TCP.
     pub tls: Option<super::NodeTls>,
+    /// Obey a front's `InjectPanic` frames (tests, drills). Off, they are refused: a
+    /// front that can reach this node must not be able to crash its models at will.
+    pub allow_fault_injection: bool,
 }
 
 /// A node that serves until stopped.
@@ -175,7 +178,14 @@ impl Endpoint {
             Frame::SetRule(rule) => self.to_all(|| ComputeMsg::SetRule(rule.to_engine())),
             Frame::StatsRequest { model, nonce } => self.stats(model, nonce).await,
             Frame::Ping { model, nonce } => self.reply(model, Frame::Pong(nonce)),
-            Frame::InjectPanic(model) => self.to_model(model, ComputeMsg::InjectFault(Fault::Step)),
+            Frame::InjectPanic(model) if self.options.allow_fault_injection => {
+                self.to_model(model, ComputeMsg::InjectFault(Fault::Step))
+            }
+            // The front's `inject_fault` expects no answer, so there is none to refuse with.
+            Frame::InjectPanic(model) => tracing::warn!(
+                model,
+                "refused a front's fault injection: this node runs without --allow-fault-injection"
+            ),
             other => tracing::warn!(?other, "unexpected frame from a front"),
         }
     }
@@ -262,6 +272,7 @@ impl Endpoint {
             peers: Arc::new(OnceLock::from(peers)),
             registry,
             turn: self.turn.clone(),
+            supervision: SupervisionConfig::default(),
         };
         let (compute, loaded, thread) = compute::spawn(spec, links);
         let loaded = loaded

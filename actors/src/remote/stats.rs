@@ -63,6 +63,7 @@ pub(crate) fn snapshot_from_json(bytes: &[u8]) -> Option<SubserverSnapshot> {
         restarts: v.get("restarts")?.as_u64()?,
         resumed: v.get("resumed").and_then(Value::as_u64).unwrap_or(0),
         failed: v.get("failed").and_then(Value::as_bool).unwrap_or(false),
+        reloads: v.get("reloads").and_then(Value::as_u64).unwrap_or(0),
     })
 }
 
@@ -93,6 +94,7 @@ mod tests {
             restarts: 1,
             resumed: 2,
             failed: false,
+            reloads: 3,
         };
         let back = snapshot_from_json(&serde_json::to_vec(&s).unwrap()).expect("parses");
         assert_eq!(serde_json::to_value(&back).unwrap(), serde_json::to_value(&s).unwrap());

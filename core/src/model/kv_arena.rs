@@ -8,25 +8,23 @@
 //! as many pages as its segments need. Which pages a block has is the block pool's
 //! business ([`BlockPool::sync_pages`]); the store keeps a copy of that table.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 use std::sync::{Arc, Once};
 
 use super::config::ModelConfig;
 use super::kv::{BlockPool, SharedPoolSpec};
+use super::zeroed_pages::ZeroedPages;
 
-/// Page alignment, so that whole OS pages back whole K/V pages where sizes allow.
-const ALIGN: usize = 4096;
-
-/// Zeroed, page-aligned storage of `pages` pages of `page_floats` values.
+/// Zeroed, page-aligned storage of `pages` pages of `page_floats` values. Its memory
+/// becomes resident as pages are first written, or all at once by [`commit_pages`](Self::commit_pages).
 pub struct KvArena {
     ptr: NonNull<f32>,
     floats: usize,
     page_floats: usize,
     committed: Once,
-    /// False for an arena whose pages live elsewhere (device memory): only its plan
-    /// (page count and size) is here.
-    host_backed: bool,
+    /// What `ptr` points into; `None` for an arena whose pages live elsewhere (device
+    /// memory): only its plan (page count and size) is here.
+    memory: Option<ZeroedPages>,
 }
 
 // SAFETY: the arena is plain memory. Who may touch which page is decided by the block
@@ -39,29 +37,21 @@ unsafe impl Sync for KvArena {}
 impl KvArena {
     pub fn new(pages: usize, page_floats: usize) -> Self {
         let floats = pages.checked_mul(page_floats).expect("KV arena size overflows");
-        let ptr = match Self::layout(floats) {
-            // SAFETY: the layout has a non-zero size. Zeroed memory from the allocator is
-            // lazily committed by the OS, like `vec![0.0; n]`.
-            Some(layout) => NonNull::new(unsafe { alloc_zeroed(layout) } as *mut f32)
-                .unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
-            None => NonNull::dangling(),
-        };
-        KvArena { ptr, floats, page_floats, committed: Once::new(), host_backed: true }
+        let bytes = floats.checked_mul(4).expect("KV arena size overflows");
+        let memory = ZeroedPages::new(bytes);
+        let ptr = NonNull::new(memory.as_ptr() as *mut f32).unwrap_or(NonNull::dangling());
+        KvArena { ptr, floats, page_floats, committed: Once::new(), memory: Some(memory) }
     }
 
     /// The plan of an arena whose memory is on a device: pages are handed out by the
     /// block pools as usual, but nothing is allocated here.
     pub fn unbacked(pages: usize, page_floats: usize) -> Self {
         let floats = pages.checked_mul(page_floats).expect("KV arena size overflows");
-        KvArena { ptr: NonNull::dangling(), floats, page_floats, committed: Once::new(), host_backed: false }
+        KvArena { ptr: NonNull::dangling(), floats, page_floats, committed: Once::new(), memory: None }
     }
 
     pub fn host_backed(&self) -> bool {
-        self.host_backed
-    }
-
-    fn layout(floats: usize) -> Option<Layout> {
-        (floats > 0).then(|| Layout::from_size_align(floats * 4, ALIGN).expect("KV arena layout"))
+        self.memory.is_some()
     }
 
     pub fn pages(&self) -> usize {
@@ -80,7 +70,7 @@ impl KvArena {
     /// the KV budget from the start rather than growing under load). Once per arena,
     /// however many models share it.
     pub fn commit_pages(&self) {
-        if !self.host_backed {
+        if !self.host_backed() {
             return;
         }
         self.committed.call_once(|| {
@@ -114,18 +104,6 @@ impl KvArena {
     pub(crate) unsafe fn slice_mut<E>(&self, at: usize, len: usize) -> &mut [E] {
         debug_assert!(at * 4 + len * std::mem::size_of::<E>() <= self.floats * 4);
         std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at) as *mut E, len)
-    }
-}
-
-impl Drop for KvArena {
-    fn drop(&mut self) {
-        if !self.host_backed {
-            return;
-        }
-        if let Some(layout) = Self::layout(self.floats) {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { dealloc(self.ptr.as_ptr() as *mut u8, layout) };
-        }
     }
 }
 
@@ -298,6 +276,52 @@ mod tests {
 
     fn geometry(block_size: usize, layers: usize, kv_heads: usize, head_dim: usize) -> KvGeometry {
         KvGeometry { block_size, layers, kv_heads, head_dim, dtype: KvDtype::F32 }
+    }
+
+    /// This process's resident memory, from `/proc/self/statm` (in pages).
+    #[cfg(target_os = "linux")]
+    fn resident_bytes() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_large_arena_takes_memory_only_where_written_until_committed() {
+        const GIB: usize = 1 << 30;
+        let page_floats = 2048;
+        let before = resident_bytes();
+        let arena = KvArena::new(GIB / (page_floats * 4), page_floats);
+        assert_eq!(arena.bytes(), GIB);
+        let fresh = resident_bytes();
+        assert!(fresh.saturating_sub(before) < GIB / 16, "a fresh 1 GiB arena took {} MiB", (fresh - before) >> 20);
+
+        let spots = [0, arena.floats / 3, arena.floats / 2 + 7, arena.floats - 8];
+        for &at in &spots {
+            // SAFETY: in bounds; this test alone uses the arena.
+            assert_eq!(unsafe { arena.slice::<f32>(at, 8) }, &[0.0; 8], "fresh values at {at} read zero");
+            let values: Vec<f32> = (0..8).map(|i| (at + i) as f32 + 0.5).collect();
+            unsafe { arena.slice_mut::<f32>(at, 8) }.copy_from_slice(&values);
+        }
+        for &at in &spots {
+            let want: Vec<f32> = (0..8).map(|i| (at + i) as f32 + 0.5).collect();
+            assert_eq!(unsafe { arena.slice::<f32>(at, 8) }, &want[..], "what was written at {at} reads back");
+        }
+        let written = resident_bytes();
+        assert!(written.saturating_sub(before) < GIB / 16, "four writes took {} MiB", (written - before) >> 20);
+
+        arena.commit_pages();
+        let committed = resident_bytes();
+        assert!(committed.saturating_sub(before) > GIB * 9 / 10, "committed {} MiB", (committed - before) >> 20);
+        drop(arena);
+        let released = resident_bytes();
+        assert!(
+            committed.saturating_sub(released) > GIB / 2,
+            "dropping gave back {} MiB",
+            (committed - released) >> 20
+        );
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub mod threads;
 pub mod transformer;
 pub mod warmup;
 pub mod weights;
+mod zeroed_pages;
 
 pub use backend::{
     load_backend, read_model_config, Backend, BackendKind, CandleBackend, ForwardOutput, LoadOptions, RowInput,

@@ -22,6 +22,7 @@ use super::gguf::write_gguf;
 use super::gguf_read::is_gguf_file;
 use super::kv::BlockPool;
 use super::sequence_map::{SequenceCells, SequenceMap};
+use super::warmup::{self, WarmUpShape};
 use ffi::{Batch, Context, ContextSpec, DecodeFailure, Model};
 
 /// llama.cpp's sequence ids are below this (LLAMA_MAX_SEQ).
@@ -73,14 +74,22 @@ impl LlamaCppBackend {
             threads: super::threads::llama_threads(options.threads) as i32,
         };
         let context = Context::new(model, &spec)?;
-        Ok(LlamaCppBackend {
+        let mut backend = LlamaCppBackend {
             config,
             pool: BlockPool::recording_events(blocks, block_size, options.prefix_cache),
             context,
             batch: Batch::with_capacity(256),
             sequences: SequenceMap::new(MAX_SEQUENCES, block_size),
             llama_vocab,
-        })
+        };
+        // As the candle backend: one step at the largest shape, so llama.cpp's compute
+        // buffers and our batch reach their working size before serving. (Its K/V cache
+        // is allocated and cleared by llama.cpp itself, so it is resident already.)
+        if let Some(shape) = warmup::enabled_shape() {
+            let rows = shape.rows.min(MAX_SEQUENCES);
+            warmup::run(&mut backend, WarmUpShape { rows, ..shape })?;
+        }
+        Ok(backend)
     }
 
     /// `text` as llama.cpp's own tokenizer encodes it, for checking ours against it:
