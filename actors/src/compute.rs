@@ -20,7 +20,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use tokenrouter_core::model::{load_backend, BlockPool, KvCapacity, ModelConfig};
+use tokenrouter_core::model::{load_backend, profile, Backend, BlockPool, KvCapacity, ModelConfig, StepCostSource};
+use tokenrouter_core::sched::planner::LatencyTable;
 use tokenrouter_core::sched::{
     Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig,
     SubserverStats,
@@ -101,6 +102,8 @@ pub(crate) struct Loaded {
     /// The model's block pool, where it is in this process (for admission to look
     /// up cached prefixes).
     pub pool: Option<BlockPool>,
+    /// Its cost by tokens fed, saved or measured at start-up, for the planner.
+    pub step_cost: Option<LatencyTable>,
 }
 
 pub(crate) struct ComputeLinks {
@@ -132,15 +135,22 @@ pub(crate) fn spawn(
                     return;
                 }
             };
+            let mut backend = backend;
+            let pool = own_pool(spec.load.threads);
+            let mut measure = || startup_step_cost(backend.as_mut(), &spec, links.turn.as_deref());
+            let step_cost = match &pool {
+                Some(pool) => pool.install(measure),
+                None => measure(),
+            };
             let _ = loaded_tx.send(Ok(Loaded {
                 config: backend.config().clone(),
                 capacity: backend.kv_capacity(),
                 pool: Some(backend.kv_pool().clone()),
+                step_cost,
             }));
             if let Ok(ComputeMsg::Start(config, rule)) = rx.recv() {
-                let threads = spec.load.threads;
                 let work = ComputeLoop::new(Subserver::new(config.clone(), backend, rule), links, spec, config);
-                match own_pool(threads) {
+                match &pool {
                     Some(pool) => pool.install(|| work.run(&rx)),
                     None => work.run(&rx),
                 }
@@ -148,6 +158,35 @@ pub(crate) fn spawn(
         })
         .expect("spawning a compute thread");
     (tx, loaded_rx, handle)
+}
+
+/// The planner's start-up cost of this model by tokens fed: saved, or measured here
+/// (taking the compute turn, so that models sharing cores do not time each other).
+fn startup_step_cost(
+    backend: &mut dyn Backend,
+    spec: &ModelSpec,
+    turn: Option<&parking_lot::Mutex<()>>,
+) -> Option<LatencyTable> {
+    let points = match &spec.load.step_cost {
+        StepCostSource::None => return None,
+        StepCostSource::Saved(points) => points.clone(),
+        StepCostSource::Measure { max_rows, max_tokens } => {
+            let _turn = turn.map(|t| t.lock());
+            let started = Instant::now();
+            match profile::step_cost_points(backend, *max_rows, *max_tokens, profile::STARTUP_PROFILE_MAX_STEP) {
+                Ok(points) => {
+                    tracing::info!(model = %spec.name, ?points, seconds = started.elapsed().as_secs_f64(),
+                        "start-up profile (tokens fed, ms)");
+                    points
+                }
+                Err(e) => {
+                    tracing::warn!(model = %spec.name, error = %e, "start-up profile failed; planning from served steps only");
+                    return None;
+                }
+            }
+        }
+    };
+    LatencyTable::from_points(points)
 }
 
 fn own_pool(threads: Option<usize>) -> Option<rayon::ThreadPool> {

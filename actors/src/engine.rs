@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use flume::Sender;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokenrouter_core::model::{BlockPool, KvCapacity, ModelConfig};
-use tokenrouter_core::policy::Policy;
-use tokenrouter_core::sched::planner::Replanner;
+use tokenrouter_core::policy::{expected_delegation, Policy};
+use tokenrouter_core::sched::planner::{LatencyTable, PlannerStatus, Replanner, DEFAULT_DELEGATION_PRIOR};
 use tokenrouter_core::sched::request::only_model;
 use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId, RequestSpec, SubserverConfig};
 use tokio::sync::mpsc::unbounded_channel;
@@ -283,6 +283,7 @@ impl Engine {
         let configs: Vec<ModelConfig> = loaded.iter().map(|l| l.config.clone()).collect();
         let capacities: Vec<KvCapacity> = loaded.iter().map(|l| l.capacity).collect();
         let pools: Vec<Option<BlockPool>> = loaded.iter().map(|l| l.pool.clone()).collect();
+        let step_costs: Vec<Option<LatencyTable>> = loaded.iter().map(|l| l.step_cost.clone()).collect();
         let shared_vocab = configs.iter().map(|c| c.vocab_size).min().expect("one model at least");
         let max_context = configs.iter().map(|c| c.max_position_embeddings).min().expect("one model at least");
         peers.set(started.iter().map(|(tx, _, _)| tx.clone()).collect()).ok();
@@ -349,10 +350,12 @@ impl Engine {
         shared.grammars.warm_up();
         let replanner = match config.replan {
             Some(replan) => {
-                let args = ReplanArgs {
-                    replanner: Replanner::new(replan, config.batching.clone()),
-                    engine: Arc::downgrade(&shared),
-                };
+                let plan_at_start =
+                    (replan.plan_at_start && step_costs.len() == 2 && step_costs.iter().all(Option::is_some))
+                        .then(|| expected_delegation(&*shared.default_policy).unwrap_or(DEFAULT_DELEGATION_PRIOR));
+                let mut replanner = Replanner::new(replan, config.batching.clone());
+                replanner.set_priors(step_costs);
+                let args = ReplanArgs { replanner, engine: Arc::downgrade(&shared), plan_at_start };
                 Some(Actor::spawn_linked(None, ReplanActor, args, root.get_cell()).await.map_err(spawn_err)?.0)
             }
             None => None,
@@ -629,6 +632,13 @@ impl Engine {
     /// last call: what a stats history samples.
     pub fn take_recent_ttfts(&self) -> Vec<f32> {
         std::mem::take(&mut *self.shared.recent_ttfts.lock())
+    }
+
+    /// What the planner did and why: `None` without re-planning (or when it does not
+    /// answer within a second).
+    pub async fn planner_status(&self) -> Option<PlannerStatus> {
+        let replanner = self.replanner.as_ref()?;
+        ractor::call_t!(replanner, ReplanMsg::Status, 1000).ok()
     }
 
     /// Changes the delayed-batching thresholds of every subserver.

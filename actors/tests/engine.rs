@@ -614,3 +614,6 @@ mod structured;
 
 #[path = "engine/supervision.rs"]
 mod supervision;
+
+#[path = "engine/planner.rs"]
+mod planner;

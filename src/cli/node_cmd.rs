@@ -59,8 +59,18 @@ async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let options = NodeOptions {
         listen: args.listen,
         cookie,
-        models: prepared.engine.models.clone(),
-        exclusive_compute: config.scheduler.exclusive_compute,
+        // The front plans from served counters: a node's start-up profile would not reach it.
+        models: prepared
+            .engine
+            .models
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                m.load.step_cost = Default::default();
+                m
+            })
+            .collect(),
+        exclusive_compute: prepared.engine.exclusive_compute,
         base_dir: Some(config.base_dir.clone()),
         tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| NodeTls { cert, key }),
         allow_fault_injection: args.allow_fault_injection || config.debug.fault_injection,

@@ -16,7 +16,7 @@ pub fn input_from_server(base: &str, max_batch: usize) -> anyhow::Result<(Planne
         response.json().await.with_context(|| format!("{url} did not answer JSON"))
     })?;
     let (names, stats) = parse_stats(&body).with_context(|| format!("reading {url}"))?;
-    let input = input_from_stats(&stats, 0, max_batch)?;
+    let input = input_from_stats(&stats, &[], 0, max_batch)?;
     Ok((input, names))
 }
 
@@ -35,7 +35,7 @@ pub fn input_from_sweep(path: &std::path::Path, max_batch: usize) -> anyhow::Res
         }
         pooled.iter_mut().zip(&stats).for_each(|(sum, s)| *sum = sum.plus(s));
     }
-    Ok((input_from_stats(&pooled, 0, max_batch)?, names))
+    Ok((input_from_stats(&pooled, &[], 0, max_batch)?, names))
 }
 
 /// `http://host:port`, `.../metrics` or `.../v1/stats` all mean the same server.

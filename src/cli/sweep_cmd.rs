@@ -167,8 +167,8 @@ fn predictor(max_batch: usize) -> impl Fn(usize, &[usize], &SweepPoint) -> Optio
     move |n, thresholds, measured| {
         let stats: Vec<SubserverStats> = measured.models.iter().map(|m| m.stats.clone()).collect();
         // The first model is the entry model (see --model).
-        let prediction =
-            planner::input_from_stats(&stats, 0, max_batch).and_then(|input| planner::predict(&input, n, thresholds));
+        let prediction = planner::input_from_stats(&stats, &[], 0, max_batch)
+            .and_then(|input| planner::predict(&input, n, thresholds));
         match prediction {
             Ok(p) => Some(p.tokens_per_sec),
             Err(e) => {

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection};
+use super::scheduler::SchedulerSection;
+use super::schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, ServerSection};
 use super::ServerConfig;
 
 /// The demo: `small` (the `tiny` preset, seed 1) and `large` (the `small` preset,

@@ -16,6 +16,7 @@ mod known;
 mod pools;
 mod prepare;
 mod remote;
+mod scheduler;
 mod schema;
 mod tokenization;
 mod tokenizer;
@@ -38,10 +39,8 @@ pub use known::{how_to_get, SMOLLM2_PYPI_PACKAGE};
 pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
 pub use remote::{ClusterSection, RemoteEntry, TlsSection, COOKIE_ENV};
-pub use schema::{
-    AllowedPolicy, KnownModel, ModelEntry, PolicySection, Preset, SchedulerSection, ServerSection, ServerTlsSection,
-    ThresholdSpec,
-};
+pub use scheduler::{ExclusiveCompute, ReplanSection, ReplanSetting, SchedulerSection, ThresholdSpec};
+pub use schema::{AllowedPolicy, KnownModel, ModelEntry, PolicySection, Preset, ServerSection, ServerTlsSection};
 pub use tokenization::TokenizationSection;
 pub use tokenizer::{builtin_tokenizer_files, DemoTokenizer, TokenizerKind, QWEN3_PYPI_PACKAGE};
 pub use write::write_threshold_table;

@@ -1,14 +1,15 @@
 //! From a checked config to what the server starts with: model folders (presets written
 //! into the cache), the engine's config, and the catalog of per-request policies.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use indicatif::MultiProgress;
 use serde_json::Value;
 use tokenrouter_actors::{EngineConfig, ModelSpec, StepLimits};
 use tokenrouter_core::model::gguf_read::{files_folder, is_gguf_file};
 use tokenrouter_core::model::presets::{self, QWEN3_VOCAB};
-use tokenrouter_core::model::{self as model, LoadOptions, ModelConfig};
+use tokenrouter_core::model::profile::{profile_points, Profile};
+use tokenrouter_core::model::{self as model, LoadOptions, ModelConfig, StepCostSource};
 use tokenrouter_core::policy::{self, ModelInfo, PolicyContext, PolicyError};
 
 use super::cache::{preset_config_for, ModelCache};
@@ -80,11 +81,13 @@ impl ServerConfig {
             self.policy.allowed.iter().map(|a| (a.name.clone(), a.params.clone())).collect();
         let catalog = PolicyCatalog::new(&self.policy.name, &self.policy.params, &allowed, infos, ctx)
             .map_err(|(index, e)| policy_error(index, &e))?;
+        let step_costs = self.step_cost_sources()?;
         let models = self
             .models
             .iter()
             .zip(&model_paths)
-            .map(|(m, path)| ModelSpec {
+            .zip(step_costs)
+            .map(|((m, path), step_cost)| ModelSpec {
                 name: m.name.clone(),
                 path: path.clone(),
                 load: LoadOptions {
@@ -97,6 +100,7 @@ impl ServerConfig {
                     prefix_cache: m.prefix_cache,
                     shared_kv: None,
                     device: m.device,
+                    step_cost,
                 },
             })
             .collect();
@@ -105,7 +109,7 @@ impl ServerConfig {
             default_policy: catalog.default_policy(),
             batching: self.batching_rule()?,
             limits: self.step_limits(),
-            exclusive_compute: self.scheduler.exclusive_compute,
+            exclusive_compute: self.exclusive_compute(),
             replan: self.replan_config(),
             admission: self.admission_config(),
             supervision: self.supervision_config(),
@@ -115,6 +119,33 @@ impl ServerConfig {
             false => None,
         };
         Ok(Prepared { engine, catalog, model_dirs, model_configs, preset_tokenizer })
+    }
+
+    /// Where each model's start-up cost comes from: its saved `profile`, else a short
+    /// measurement when the planner plans at start (and `startup_profile` is on).
+    fn step_cost_sources(&self) -> Result<Vec<StepCostSource>, ConfigError> {
+        let plan_at_start = self.replan_config().is_some_and(|r| r.plan_at_start);
+        let mut problems = Problems::default();
+        let mut sources = Vec::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let source = match &m.profile {
+                Some(file) => match read_profile(&self.base_dir.join(file)) {
+                    Ok(points) => StepCostSource::Saved(points),
+                    Err(e) => {
+                        problems.push(format!("models[{i}].profile"), e);
+                        StepCostSource::None
+                    }
+                },
+                None if plan_at_start && self.scheduler.startup_profile => StepCostSource::Measure {
+                    max_rows: self.scheduler.max_batch_rows,
+                    max_tokens: self.scheduler.step_token_budget,
+                },
+                None => StepCostSource::None,
+            };
+            sources.push(source);
+        }
+        problems.finish()?;
+        Ok(sources)
     }
 
     /// [`prepare`](Self::prepare), keeping only the engine's config.
@@ -233,4 +264,16 @@ fn policy_error(index: Option<usize>, e: &PolicyError) -> ConfigError {
         (Some(i), _) => format!("policy.allowed[{i}].params"),
     };
     ConfigError::new(path, e.to_string())
+}
+
+/// The (tokens fed, ms) points of a `tokenrouter profile` JSON.
+fn read_profile(path: &Path) -> Result<Vec<(usize, f64)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let profile: Profile = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a `tokenrouter profile` JSON: {e}", path.display()))?;
+    let points = profile_points(&profile);
+    if points.is_empty() {
+        return Err(format!("{} has no step timings", path.display()));
+    }
+    Ok(points)
 }

@@ -1,15 +1,11 @@
 //! The sections of the YAML file, as serde types. Defaults live here; checks that need
 //! more than one key live in `validate.rs`.
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use tokenrouter_actors::tls::{self, CertificateFiles, TlsAcceptor};
-use tokenrouter_actors::StepLimits;
 use tokenrouter_core::model::{BackendKind, DeviceSpec, KvDtype, WeightDtype};
 
 use super::error::ConfigError;
@@ -68,6 +64,10 @@ pub struct ModelEntry {
     /// weights, K/V in the same type; models on one card share one K/V budget).
     #[serde(default)]
     pub device: DeviceSpec,
+    /// A profile `tokenrouter profile` wrote for this model on this machine: the
+    /// planner's start-up costs come from it instead of a start-up measurement.
+    #[serde(default)]
+    pub profile: Option<PathBuf>,
 }
 
 impl ModelEntry {
@@ -89,6 +89,7 @@ impl ModelEntry {
             threads: None,
             prefix_cache: true,
             device: DeviceSpec::Cpu,
+            profile: None,
         }
     }
 }
@@ -187,136 +188,6 @@ pub struct AllowedPolicy {
 impl AllowedPolicy {
     pub fn named(name: &str) -> Self {
         AllowedPolicy { name: name.to_string(), params: Value::Null }
-    }
-}
-
-/// Delayed batching and step sizes, for every subserver.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SchedulerSection {
-    /// Per model name: launch a step only when this many requests are ready on it
-    /// (default 1 for models not named).
-    #[serde(default)]
-    pub thresholds: BTreeMap<String, ThresholdSpec>,
-    /// Launch anyway once the oldest ready request has waited this long.
-    #[serde(default)]
-    pub max_wait_ms: Option<u64>,
-    #[serde(default = "defaults::max_batch_rows")]
-    pub max_batch_rows: usize,
-    #[serde(default = "defaults::prefill_chunk")]
-    pub prefill_chunk: usize,
-    #[serde(default = "defaults::step_token_budget")]
-    pub step_token_budget: usize,
-    /// One model steps at a time, taking fair turns (for models sharing few cores).
-    #[serde(default)]
-    pub exclusive_compute: bool,
-    /// Online re-planning of the thresholds from the engine's own counters (opt-in).
-    #[serde(default)]
-    pub replan: Option<ReplanSection>,
-}
-
-/// `scheduler.replan`: every `interval_s` the engine re-estimates routing and step
-/// latency over the last window and switches thresholds at the current N when the
-/// planner predicts more than `margin` gain.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplanSection {
-    #[serde(default = "defaults::replan_interval_s")]
-    pub interval_s: f64,
-    #[serde(default = "defaults::replan_margin")]
-    pub margin: f64,
-    #[serde(default = "defaults::replan_min_steps")]
-    pub min_steps: u64,
-}
-
-impl Default for SchedulerSection {
-    fn default() -> Self {
-        SchedulerSection {
-            thresholds: BTreeMap::new(),
-            max_wait_ms: None,
-            max_batch_rows: defaults::max_batch_rows(),
-            prefill_chunk: defaults::prefill_chunk(),
-            step_token_budget: defaults::step_token_budget(),
-            exclusive_compute: false,
-            replan: None,
-        }
-    }
-}
-
-mod defaults {
-    use super::StepLimits;
-    use tokenrouter_core::sched::planner::ReplanConfig;
-
-    pub fn replan_interval_s() -> f64 {
-        ReplanConfig::default().interval.as_secs_f64()
-    }
-
-    pub fn replan_margin() -> f64 {
-        ReplanConfig::default().margin
-    }
-
-    pub fn replan_min_steps() -> u64 {
-        ReplanConfig::default().min_steps
-    }
-
-    pub fn max_batch_rows() -> usize {
-        StepLimits::default().max_batch_rows
-    }
-
-    pub fn prefill_chunk() -> usize {
-        StepLimits::default().prefill_chunk
-    }
-
-    pub fn step_token_budget() -> usize {
-        StepLimits::default().step_token_budget
-    }
-}
-
-/// A model's batching threshold: one number, or a table by the number of active
-/// requests N (the entry at the largest N' ≤ N applies).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ThresholdSpec {
-    Fixed(usize),
-    ByActive(BTreeMap<usize, usize>),
-}
-
-impl<'de> Deserialize<'de> for ThresholdSpec {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ThresholdVisitor;
-
-        impl<'de> Visitor<'de> for ThresholdVisitor {
-            type Value = ThresholdSpec;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a threshold (an integer) or a table {active requests: threshold}")
-            }
-
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ThresholdSpec, E> {
-                usize::try_from(v).map(ThresholdSpec::Fixed).map_err(|_| E::custom("threshold too large"))
-            }
-
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ThresholdSpec, E> {
-                match u64::try_from(v) {
-                    Ok(v) => self.visit_u64(v),
-                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
-                }
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ThresholdSpec, A::Error> {
-                let mut table = BTreeMap::new();
-                while let Some((active, threshold)) = map.next_entry::<usize, usize>()? {
-                    if table.insert(active, threshold).is_some() {
-                        return Err(de::Error::custom(format!("N = {active} appears twice")));
-                    }
-                }
-                if table.is_empty() {
-                    return Err(de::Error::custom("an empty table; give at least one {N: threshold}"));
-                }
-                Ok(ThresholdSpec::ByActive(table))
-            }
-        }
-
-        deserializer.deserialize_any(ThresholdVisitor)
     }
 }
 

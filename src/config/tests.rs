@@ -46,7 +46,7 @@ fn a_minimal_config_gets_every_default() {
     let s = &config.scheduler;
     assert_eq!(
         (s.max_batch_rows, s.prefill_chunk, s.step_token_budget, s.max_wait_ms, s.exclusive_compute),
-        (64, 512, 1024, None, false)
+        (64, 512, 1024, None, ExclusiveCompute::Auto)
     );
     let server = &config.server;
     assert_eq!((server.host.as_str(), server.port, server.max_body_bytes), ("127.0.0.1", 8000, 4 << 20));
@@ -73,7 +73,7 @@ fn wrong_types_are_refused_with_their_path() {
     let e = refused("models:\n  - {name: a, preset: tiny}\n  - {name: b, preset: tiny, kv_budget_mib: x}\n");
     assert!(e.to_string().starts_with("models[1].kv_budget_mib: invalid type: string \"x\", expected u64"), "{e}");
     let e = refused(&with_pair("scheduler:\n  exclusive_compute: maybe\n"));
-    assert!(e.to_string().starts_with("scheduler.exclusive_compute: invalid type"), "{e}");
+    assert!(e.to_string().starts_with("scheduler.exclusive_compute: invalid value"), "{e}");
     let e = refused(&with_pair("server:\n  api_keys: secret\n"));
     assert!(e.to_string().starts_with("server.api_keys: invalid type"), "{e}");
     let e = refused("models: {name: m}\n");
@@ -176,8 +176,35 @@ fn thresholds_take_a_number_or_a_table_by_active_requests() {
 }
 
 #[test]
-fn replanning_is_opt_in_with_defaults_and_checked_values() {
-    assert_eq!(parse(PAIR).unwrap().replan_config(), None);
+fn the_planner_is_on_by_default_and_hand_thresholds_turn_it_off() {
+    let default = parse(PAIR).unwrap().replan_config().expect("on by default");
+    assert!(default.plan_at_start);
+    assert_eq!(default.interval, std::time::Duration::from_secs(5));
+    assert_eq!(parse(&with_pair("scheduler: {replan: false}\n")).unwrap().replan_config(), None);
+    assert!(parse(&with_pair("scheduler: {replan: true}\n")).unwrap().replan_config().unwrap().plan_at_start);
+    // Thresholds by hand win: no planner, unless asked for, and then no start-up plan.
+    let by_hand = with_pair("scheduler: {thresholds: {large: 2}}\n");
+    assert_eq!(parse(&by_hand).unwrap().replan_config(), None);
+    let both = parse(&with_pair("scheduler: {thresholds: {large: 2}, replan: {}}\n")).unwrap();
+    assert!(!both.replan_config().unwrap().plan_at_start);
+    let e = refused(&with_pair("scheduler: {replan: 3}\n"));
+    assert!(e.to_string().starts_with("scheduler.replan: invalid type"), "{e}");
+}
+
+#[test]
+fn exclusive_compute_is_decided_from_where_the_models_run() {
+    assert!(parse(PAIR).unwrap().exclusive_compute(), "two models on this host's CPU take turns");
+    assert!(!parse(&with_pair("scheduler: {exclusive_compute: false}\n")).unwrap().exclusive_compute());
+    assert!(parse(&with_pair("scheduler: {exclusive_compute: auto}\n")).unwrap().exclusive_compute());
+    let one_cpu =
+        "models:\n  - {name: small, preset: tiny}\n  - {name: large, preset: small, device: \"cuda:0\", dtype: bf16}\n";
+    assert!(!parse(one_cpu).unwrap().exclusive_compute(), "a model on a card overlaps the CPU one");
+    let e = refused(&with_pair("scheduler: {exclusive_compute: sometimes}\n"));
+    assert!(e.to_string().starts_with("scheduler.exclusive_compute: invalid value"), "{e}");
+}
+
+#[test]
+fn replanning_settings_have_defaults_and_checked_values() {
     let config = parse(&with_pair("scheduler:\n  max_batch_rows: 16\n  replan: {margin: 0.1}\n")).unwrap();
     let replan = config.replan_config().unwrap();
     assert_eq!((replan.interval, replan.margin, replan.max_batch), (std::time::Duration::from_secs(5), 0.1, 16));

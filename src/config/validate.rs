@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::time::Duration;
-use tokenrouter_core::model::{cuda::kv_dtype_on_cuda, BackendKind, KvDtype, WeightDtype};
+use tokenrouter_core::model::{cuda::kv_dtype_on_cuda, BackendKind, DeviceSpec, KvDtype, WeightDtype};
 use tokenrouter_core::sched::planner::ReplanConfig;
 
 use serde_json::Value;
@@ -14,7 +14,7 @@ use tokenrouter_core::sched::batching::BatchingError;
 use tokenrouter_core::sched::{BatchingRule, Threshold};
 
 use super::error::{ConfigError, Problems};
-use super::schema::ThresholdSpec;
+use super::scheduler::{ExclusiveCompute, ReplanSetting, ThresholdSpec};
 use super::ServerConfig;
 
 impl ServerConfig {
@@ -139,7 +139,7 @@ impl ServerConfig {
         if let Err(e) = self.batching_rule() {
             p.absorb(e);
         }
-        if let Some(replan) = &s.replan {
+        if let ReplanSetting::On(replan) = &s.replan {
             if !(replan.interval_s >= 0.1 && replan.interval_s.is_finite()) {
                 p.push(
                     "scheduler.replan.interval_s",
@@ -152,15 +152,39 @@ impl ServerConfig {
         }
     }
 
-    /// The re-planner's settings when `scheduler.replan` is present.
+    /// The planner's settings: on by default, off with `replan: false`, and off where
+    /// thresholds are written by hand unless `replan` is set too (then it starts from them).
     pub fn replan_config(&self) -> Option<ReplanConfig> {
-        self.scheduler.replan.as_ref().map(|r| ReplanConfig {
-            interval: Duration::from_secs_f64(r.interval_s.max(0.1)),
-            margin: r.margin,
-            min_steps: r.min_steps,
+        let section = match &self.scheduler.replan {
+            ReplanSetting::Off => return None,
+            ReplanSetting::Auto if !self.scheduler.thresholds.is_empty() => return None,
+            ReplanSetting::Auto => Default::default(),
+            ReplanSetting::On(section) => section.clone(),
+        };
+        Some(ReplanConfig {
+            interval: Duration::from_secs_f64(section.interval_s.max(0.1)),
+            margin: section.margin,
+            min_steps: section.min_steps,
             max_batch: self.scheduler.max_batch_rows,
             entry_model: 0,
+            plan_at_start: section.plan_at_start && self.scheduler.thresholds.is_empty(),
         })
+    }
+
+    /// Whether models take turns on the compute: `auto` where two or more models run on
+    /// this host's CPU cores (their steps would only time-slice each other); models on
+    /// cards or on other hosts overlap.
+    pub fn exclusive_compute(&self) -> bool {
+        match self.scheduler.exclusive_compute {
+            ExclusiveCompute::On => true,
+            ExclusiveCompute::Off => false,
+            ExclusiveCompute::Auto => {
+                let remote =
+                    |name: &str| self.cluster.as_ref().is_some_and(|c| c.remote.iter().any(|r| r.model == name));
+                let on_cpu = self.models.iter().filter(|m| m.device == DeviceSpec::Cpu && !remote(&m.name)).count();
+                on_cpu >= 2
+            }
+        }
     }
 
     fn check_server(&self, p: &mut Problems) {

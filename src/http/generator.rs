@@ -12,6 +12,7 @@ use tokenrouter_actors::tokenizer::RenderedChat;
 use tokenrouter_actors::{
     Engine, EngineError, Fault, GenerateRequest, GenerationEvent, ModelReadiness, Readiness, SubserverSnapshot,
 };
+use tokenrouter_core::sched::planner::PlannerStatus;
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 use tokenrouter_core::tools::ToolSyntax;
 
@@ -30,6 +31,8 @@ pub struct EngineStats {
     pub nodes: Vec<tokenrouter_actors::remote::NodeStatus>,
     /// Readiness from the same snapshots, where the generator can tell it that way.
     pub readiness: Option<Readiness>,
+    /// The thresholds' source and the planner's last decisions (absent when it is off).
+    pub planner: Option<PlannerStatus>,
 }
 
 pub trait Generator: Send + Sync + 'static {
@@ -217,6 +220,7 @@ impl Generator for Engine {
                 active_requests: self.active_requests(),
                 nodes: self.nodes(),
                 readiness,
+                planner: self.planner_status().await,
             }
         }
         .boxed()

@@ -52,7 +52,7 @@ pub fn pooled_stats(points: &[SweepPoint]) -> Vec<SubserverStats> {
 
 pub fn pooled_input(points: &[SweepPoint], max_batch: usize) -> anyhow::Result<PlannerInput> {
     // The first model is the entry model (as the sweep's engine order says).
-    Ok(planner::input_from_stats(&pooled_stats(points), 0, max_batch)?)
+    Ok(planner::input_from_stats(&pooled_stats(points), &[], 0, max_batch)?)
 }
 
 /// Fresh interleaved windows of the planner's choice and of the grid's best.

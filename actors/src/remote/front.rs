@@ -341,7 +341,12 @@ impl Link {
         });
         if let Some(loaded) = self.loaded.take() {
             tracing::info!(model = %self.name(), "remote subserver up");
-            let _ = loaded.send(Ok(Loaded { config: self.start.model_config.clone(), capacity, pool: None }));
+            let _ = loaded.send(Ok(Loaded {
+                config: self.start.model_config.clone(),
+                capacity,
+                pool: None,
+                step_cost: None,
+            }));
             return;
         }
         self.replay_settings();

@@ -187,6 +187,18 @@ impl std::str::FromStr for BackendKind {
     }
 }
 
+/// Where the planner's start-up step cost of a model comes from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum StepCostSource {
+    /// Nowhere: the planner learns from served steps only.
+    #[default]
+    None,
+    /// [`step_cost_points`](super::profile::step_cost_points) on the model's own threads before it serves, up to these sizes.
+    Measure { max_rows: usize, max_tokens: usize },
+    /// Saved (tokens fed, milliseconds) points, e.g. from a `tokenrouter profile` JSON.
+    Saved(Vec<(usize, f64)>),
+}
+
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub dtype: WeightDtype,
@@ -210,6 +222,9 @@ pub struct LoadOptions {
     pub shared_kv: Option<SharedKv>,
     /// Where the model runs: the CPU, or a CUDA card (cargo feature `cuda`).
     pub device: DeviceSpec,
+    /// Where the planner's start-up step cost comes from (the engine measures it on the
+    /// model's compute thread, after loading).
+    pub step_cost: StepCostSource,
 }
 
 impl Default for LoadOptions {
@@ -224,6 +239,7 @@ impl Default for LoadOptions {
             prefix_cache: true,
             shared_kv: None,
             device: DeviceSpec::Cpu,
+            step_cost: StepCostSource::None,
         }
     }
 }

@@ -43,7 +43,7 @@ mod zeroed_pages;
 
 pub use backend::{
     load_backend, read_model_config, Backend, BackendKind, CandleBackend, ForwardOutput, LoadOptions, RowInput,
-    WeightDtype,
+    StepCostSource, WeightDtype,
 };
 pub use config::{Arch, ModelConfig};
 pub use device::DeviceSpec;

@@ -1,7 +1,7 @@
 //! Step-latency profile of one model: decode at batch sizes × contexts, prefill and
 //! extend throughput, each against the machine's limits. The planner reads the JSON.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -206,6 +206,48 @@ pub fn run(
         prefill,
         extend,
     })
+}
+
+/// Longest step the start-up profile times before it stops (see [`step_cost_points`]).
+pub const STARTUP_PROFILE_MAX_STEP: Duration = Duration::from_millis(400);
+
+/// The (tokens fed, milliseconds) points of a saved profile: decodes at its shortest
+/// context (b rows feed b tokens), extends and prefills.
+pub fn profile_points(profile: &Profile) -> Vec<(usize, f64)> {
+    let shortest = profile.decode.iter().map(|p| p.context).min();
+    let decode = profile.decode.iter().filter(|p| Some(p.context) == shortest).map(|p| (p.batch, p.step_ms));
+    let longer = profile.extend.iter().chain(&profile.prefill).map(|p| (p.batch * p.tokens_per_row, p.step_ms));
+    decode.chain(longer).collect()
+}
+
+/// Shapes of the start-up profile, (rows, tokens per row), cheapest first: decodes of 1
+/// to 64 rows, then wider steps such as long extends and prompt chunks.
+const STEP_COST_SHAPES: &[(usize, usize)] =
+    &[(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 8), (16, 16), (32, 16), (64, 16)];
+
+/// A short profile for the planner: (tokens fed, milliseconds) of one step at each of
+/// [`STEP_COST_SHAPES`] that fits `max_rows`, `max_tokens` and the free K/V, the median of
+/// two timed steps after a warm-up. It stops after the first shape slower than `max_step`
+/// (the planner extends the last segment beyond it): a start-up should cost seconds.
+pub fn step_cost_points(
+    backend: &mut dyn Backend,
+    max_rows: usize,
+    max_tokens: usize,
+    max_step: Duration,
+) -> Result<Vec<(usize, f64)>> {
+    let mut points = Vec::new();
+    for &(rows, per_row) in STEP_COST_SHAPES {
+        let tokens = rows * per_row;
+        if rows > max_rows.max(1) || tokens > max_tokens.max(1) || tokens + rows * 16 > token_room(backend) {
+            continue;
+        }
+        let ms = time_steps(backend, rows, 0, per_row, 1, 2, || {})?;
+        points.push((tokens, ms));
+        if ms > max_step.as_secs_f64() * 1e3 {
+            break;
+        }
+    }
+    Ok(points)
 }
 
 fn token_room(backend: &dyn Backend) -> usize {

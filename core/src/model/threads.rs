@@ -58,3 +58,28 @@ pub fn llama_threads(requested: Option<usize>) -> usize {
 fn env_count(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.parse().ok().filter(|&n| n > 0)
 }
+
+/// One thread at the lowest scheduling priority, for work that must not take compute
+/// from the models (the planner's searches while serving): it runs on idle cycles.
+pub fn background_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "tokenrouter-background".to_string())
+            .start_handler(|_| lower_this_thread_priority())
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+fn lower_this_thread_priority() {
+    // SAFETY: gettid and setpriority only read their arguments; on Linux a thread id
+    // names one thread, whose nice value alone changes.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+    }
+}

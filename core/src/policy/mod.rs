@@ -150,3 +150,15 @@ pub fn policy_uniform(seed: u64, position: usize, salt: u64) -> f64 {
     let key = seed ^ (position as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt.wrapping_mul(0xD1B5_4A32_D192_ED03);
     crate::rng::unit_f64(crate::rng::mix64(key))
 }
+
+/// The share of the entry model's positions a policy is expected to hand to the other
+/// model, where its parameters say (`random`'s `p`); the start-up plan's routing prior.
+pub fn expected_delegation(policy: &dyn Policy) -> Option<f64> {
+    let descriptor = policy.descriptor()?;
+    match descriptor.name.as_str() {
+        "random" => {
+            Some(descriptor.params.get("p").and_then(|p| p.as_f64()).unwrap_or(random::RandomDelegate::DEFAULT_P))
+        }
+        _ => None,
+    }
+}

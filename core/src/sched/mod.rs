@@ -6,8 +6,10 @@ pub mod planner;
 pub mod reference;
 pub mod request;
 mod resident;
+pub mod stats;
 pub mod subserver;
 
 pub use batching::{BatchingRule, Threshold};
 pub use request::{rebuild, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
-pub use subserver::{ArrivalError, FaultPoint, StepOutcome, Subserver, SubserverConfig, SubserverStats};
+pub use stats::SubserverStats;
+pub use subserver::{ArrivalError, FaultPoint, StepOutcome, Subserver, SubserverConfig};

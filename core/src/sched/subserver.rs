@@ -21,6 +21,7 @@ use super::request::{
     Travel,
 };
 use super::resident::{Resident, Status};
+use super::stats::SubserverStats;
 
 /// Serializable: a front sends it to subservers on other hosts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -80,94 +81,6 @@ pub struct StepOutcome {
     pub rows: usize,
     pub tokens_fed: usize,
     pub elapsed: Duration,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct SubserverStats {
-    pub steps: u64,
-    pub rows: u64,
-    pub tokens_fed: u64,
-    pub tokens_committed: u64,
-    pub handoffs_out: u64,
-    pub handoffs_in: u64,
-    pub evictions: u64,
-    /// Tokens that requests with no K/V here could have reused from the prefix cache
-    /// (whole blocks before their last token), and the tokens they did reuse.
-    pub prefix_lookup_tokens: u64,
-    pub prefix_hit_tokens: u64,
-    pub busy: Duration,
-    /// Requests handed to each peer, by destination model.
-    pub handoffs_to: Vec<u64>,
-    /// Steps and their total seconds by the rows they ran (index = rows): the step
-    /// latency against batch size as served, which the planner re-plans from.
-    pub steps_by_rows: Vec<u64>,
-    pub seconds_by_rows: Vec<f64>,
-}
-
-impl SubserverStats {
-    /// What happened between `earlier` and this snapshot of the same subserver.
-    pub fn since(&self, earlier: &SubserverStats) -> SubserverStats {
-        let minus = |a: &[u64], b: &[u64]| -> Vec<u64> {
-            a.iter().enumerate().map(|(i, x)| x.saturating_sub(b.get(i).copied().unwrap_or(0))).collect()
-        };
-        SubserverStats {
-            steps: self.steps.saturating_sub(earlier.steps),
-            rows: self.rows.saturating_sub(earlier.rows),
-            tokens_fed: self.tokens_fed.saturating_sub(earlier.tokens_fed),
-            tokens_committed: self.tokens_committed.saturating_sub(earlier.tokens_committed),
-            handoffs_out: self.handoffs_out.saturating_sub(earlier.handoffs_out),
-            handoffs_in: self.handoffs_in.saturating_sub(earlier.handoffs_in),
-            evictions: self.evictions.saturating_sub(earlier.evictions),
-            prefix_lookup_tokens: self.prefix_lookup_tokens.saturating_sub(earlier.prefix_lookup_tokens),
-            prefix_hit_tokens: self.prefix_hit_tokens.saturating_sub(earlier.prefix_hit_tokens),
-            busy: self.busy.saturating_sub(earlier.busy),
-            handoffs_to: minus(&self.handoffs_to, &earlier.handoffs_to),
-            steps_by_rows: minus(&self.steps_by_rows, &earlier.steps_by_rows),
-            seconds_by_rows: self
-                .seconds_by_rows
-                .iter()
-                .enumerate()
-                .map(|(i, x)| (x - earlier.seconds_by_rows.get(i).copied().unwrap_or(0.0)).max(0.0))
-                .collect(),
-        }
-    }
-
-    /// The counters of two windows together.
-    pub fn plus(&self, other: &SubserverStats) -> SubserverStats {
-        let add = |a: &[u64], b: &[u64]| -> Vec<u64> {
-            (0..a.len().max(b.len())).map(|i| a.get(i).unwrap_or(&0) + b.get(i).unwrap_or(&0)).collect()
-        };
-        SubserverStats {
-            steps: self.steps + other.steps,
-            rows: self.rows + other.rows,
-            tokens_fed: self.tokens_fed + other.tokens_fed,
-            tokens_committed: self.tokens_committed + other.tokens_committed,
-            handoffs_out: self.handoffs_out + other.handoffs_out,
-            handoffs_in: self.handoffs_in + other.handoffs_in,
-            evictions: self.evictions + other.evictions,
-            prefix_lookup_tokens: self.prefix_lookup_tokens + other.prefix_lookup_tokens,
-            prefix_hit_tokens: self.prefix_hit_tokens + other.prefix_hit_tokens,
-            busy: self.busy + other.busy,
-            handoffs_to: add(&self.handoffs_to, &other.handoffs_to),
-            steps_by_rows: add(&self.steps_by_rows, &other.steps_by_rows),
-            seconds_by_rows: (0..self.seconds_by_rows.len().max(other.seconds_by_rows.len()))
-                .map(|i| self.seconds_by_rows.get(i).unwrap_or(&0.0) + other.seconds_by_rows.get(i).unwrap_or(&0.0))
-                .collect(),
-        }
-    }
-
-    fn record_step(&mut self, rows: usize, elapsed: Duration) {
-        if rows == 0 {
-            return;
-        }
-        if self.steps_by_rows.len() <= rows {
-            self.steps_by_rows.resize(rows + 1, 0);
-            self.seconds_by_rows.resize(rows + 1, 0.0);
-        }
-        self.steps_by_rows[rows] += 1;
-        self.seconds_by_rows[rows] += elapsed.as_secs_f64();
-    }
 }
 
 pub struct Subserver {
@@ -437,7 +350,7 @@ impl Subserver {
         self.stats.rows += outcome.rows as u64;
         self.stats.tokens_fed += outcome.tokens_fed as u64;
         self.stats.busy += outcome.elapsed;
-        self.stats.record_step(outcome.rows, outcome.elapsed);
+        self.stats.record_step(outcome.rows, outcome.tokens_fed, outcome.elapsed);
         outcome
     }
 

@@ -10,19 +10,25 @@
 //! is expected committed tokens per completion over expected holding time.
 
 mod chain;
+pub mod cost;
 mod latency;
 mod observed;
 mod replan;
 mod search;
 mod solve;
+mod startup;
 #[cfg(test)]
 mod tests;
 
 pub use latency::LatencyTable;
 pub use observed::input_from_stats;
-pub use replan::{Replan, ReplanConfig, Replanner};
+pub use replan::{PlannerStatus, Replan, ReplanConfig, Replanner, RuleSource};
 pub use search::{feasible_thresholds, plan_table, search, search_with, Candidate, Plan, SearchOptions};
 pub use solve::Prediction;
+pub use startup::{
+    startup_input, startup_plan, table_rule, StartupPlan, DEFAULT_DELEGATION_PRIOR, ONLINE_DELTA_DIVISOR,
+    STARTUP_CONCURRENCIES,
+};
 
 /// Most models the chain represents (state keys pack four models).
 pub const MAX_MODELS: usize = 4;
@@ -113,6 +119,13 @@ impl PlannerInput {
             return Err(PlanError::Shape { what: "entry model", got: self.entry_model, models: m });
         }
         Ok(())
+    }
+
+    /// The same input on the coarser time unit used while serving (see
+    /// [`ONLINE_DELTA_DIVISOR`]).
+    pub fn with_online_delta(self) -> Self {
+        let fastest = self.latencies.iter().map(|l| l.at(1)).fold(f64::INFINITY, f64::min);
+        PlannerInput { delta_ms: Some(fastest / ONLINE_DELTA_DIVISOR), ..self }
     }
 
     /// The chain's time unit in milliseconds.

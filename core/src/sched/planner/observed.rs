@@ -1,6 +1,9 @@
-//! Planner inputs from what the engine measured while serving: step latency by batch
-//! rows, where requests went after each step, and what those steps committed.
+//! Planner inputs from what the engine measured while serving: each model's step cost
+//! against the tokens it fed (corrected toward a start-up profile where one exists),
+//! the tokens a row feeds there, where requests went after each step, and what those
+//! steps committed.
 
+use super::cost::{corrected, latency_by_rows, served_cost};
 use super::{LatencyTable, PlanError, PlannerInput};
 use crate::sched::SubserverStats;
 
@@ -8,17 +11,32 @@ use crate::sched::SubserverStats;
 const MIN_STEPS_PER_POINT: u64 = 3;
 
 /// Builds the planner's view of a deployment from per-model statistics (in engine
-/// order), usually the difference of two snapshots over a recent window. Models never
-/// stepped in the window take the fastest observed latency: no request reaches them,
-/// so it only has to be a valid number.
+/// order), usually the difference of two snapshots over a recent window. `priors` holds
+/// each model's profiled cost by tokens where known (missing entries: none). Models
+/// never stepped in the window take the fastest observed latency: no request reaches
+/// them, so it only has to be a valid number.
 pub fn input_from_stats(
     stats: &[SubserverStats],
+    priors: &[Option<LatencyTable>],
     entry_model: usize,
     max_batch: usize,
 ) -> Result<PlannerInput, PlanError> {
     let models = stats.len();
-    let measured: Vec<Option<LatencyTable>> = stats.iter().map(latency_of).collect();
-    let fastest = measured.iter().flatten().map(|t| t.at(1)).fold(f64::INFINITY, f64::min);
+    let measured: Vec<Option<LatencyTable>> = stats
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match corrected(priors.get(i).and_then(Option::as_ref), served_cost(s)) {
+            Some(cost) => Some(latency_by_rows(&cost, s.tokens_per_row().unwrap_or(1.0), max_batch)),
+            None => latency_by_rows_served(s),
+        })
+        .collect();
+    let fastest = stats
+        .iter()
+        .zip(&measured)
+        .filter(|(s, _)| s.steps > 0)
+        .filter_map(|(_, t)| t.as_ref())
+        .map(|t| t.at(1))
+        .fold(f64::INFINITY, f64::min);
     if !fastest.is_finite() {
         return Err(PlanError::NoObservations);
     }
@@ -27,7 +45,9 @@ pub fn input_from_stats(
     Ok(PlannerInput { latencies, route, commit, max_batch, entry_model, delta_ms: None })
 }
 
-fn latency_of(stats: &SubserverStats) -> Option<LatencyTable> {
+/// Counters written before steps were kept by tokens (saved sweeps, older servers):
+/// latency by the rows steps ran.
+fn latency_by_rows_served(stats: &SubserverStats) -> Option<LatencyTable> {
     let points = stats
         .steps_by_rows
         .iter()
@@ -67,43 +87,63 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn stats(rows: u64, committed: u64, handoffs_to: Vec<u64>, by_rows: &[(usize, u64, f64)]) -> SubserverStats {
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    /// Stats from steps given as (rows, tokens fed, how many, milliseconds each).
+    fn stats(rows: u64, committed: u64, handoffs_to: Vec<u64>, steps: &[(usize, usize, u64, f64)]) -> SubserverStats {
         let mut s = SubserverStats { rows, tokens_committed: committed, handoffs_to, ..Default::default() };
-        for &(r, steps, ms) in by_rows {
-            s.steps_by_rows.resize(s.steps_by_rows.len().max(r + 1), 0);
-            s.seconds_by_rows.resize(s.steps_by_rows.len(), 0.0);
-            s.steps_by_rows[r] = steps;
-            s.seconds_by_rows[r] = steps as f64 * ms / 1e3;
+        for &(step_rows, tokens, count, ms) in steps {
+            for _ in 0..count {
+                s.record_step(step_rows, tokens, Duration::from_secs_f64(ms / 1e3));
+                s.steps += 1;
+                s.tokens_fed += tokens as u64;
+            }
         }
-        s.steps = s.steps_by_rows.iter().sum();
-        s.busy = Duration::from_secs_f64(s.seconds_by_rows.iter().sum());
         s
     }
 
     #[test]
     fn delegation_is_read_back_from_the_counts() {
         // Small: 1000 rows, 300 delegated (their tokens dropped); large: 300 rows, all back.
-        let small = stats(1000, 700, vec![0, 300], &[(2, 100, 6.0), (4, 200, 7.0), (9, 1, 50.0)]);
-        let large = stats(300, 300, vec![300, 0], &[(1, 50, 28.0), (3, 80, 31.0)]);
-        let input = input_from_stats(&[small, large], 0, 64).unwrap();
+        let small = stats(1000, 700, vec![0, 300], &[(2, 2, 100, 6.0), (4, 4, 200, 7.0), (9, 9, 1, 50.0)]);
+        let large = stats(300, 300, vec![300, 0], &[(1, 1, 50, 28.0), (3, 3, 80, 31.0)]);
+        let input = input_from_stats(&[small, large], &[], 0, 64).unwrap();
         assert!((input.route[0][1] - 0.3).abs() < 1e-12 && (input.route[0][0] - 0.7).abs() < 1e-12);
         assert_eq!(input.route[1], vec![1.0, 0.0]);
         assert_eq!(input.commit[0][1], 0.0);
         assert_eq!(input.commit[1][0], 1.0);
-        // The single step at 9 rows is too few to trust.
-        assert_eq!(input.latencies[0].points(), &[(2, 6.0), (4, 7.0)]);
-        assert!((input.latencies[1].at(2) - 29.5).abs() < 1e-9);
+        // The single step of 9 tokens is too few to trust: the 4-token cost goes on.
+        assert!(close(input.latencies[0].at(2), 6.0) && close(input.latencies[0].at(9), 7.0 + 0.5 * 5.0));
         input.validate().unwrap();
     }
 
     #[test]
+    fn a_row_of_the_large_model_costs_the_tokens_it_catches_up() {
+        // The large model's rows each feed 10 tokens (extends after delegations).
+        let small = stats(1000, 900, vec![0, 100], &[(1, 1, 400, 5.0), (2, 2, 300, 5.5)]);
+        let large = stats(100, 100, vec![100, 0], &[(1, 10, 80, 20.0), (2, 20, 10, 30.0)]);
+        let input = input_from_stats(&[small, large], &[], 0, 64).unwrap();
+        assert!(close(input.latencies[1].at(1), 20.0) && close(input.latencies[1].at(2), 30.0));
+        // Four rows feed 40 tokens: the last segment, 1 ms a token.
+        assert!(close(input.latencies[1].at(4), 50.0));
+        // A profile says 40 tokens cost twice 20: the served scale (1×) keeps it.
+        let prior = LatencyTable::from_points([(10, 20.0), (20, 30.0), (40, 40.0)]).unwrap();
+        let large = stats(100, 100, vec![100, 0], &[(1, 10, 80, 20.0), (2, 20, 10, 30.0)]);
+        let small = stats(1000, 900, vec![0, 100], &[(1, 1, 400, 5.0)]);
+        let input = input_from_stats(&[small, large], &[None, Some(prior)], 0, 64).unwrap();
+        assert!(close(input.latencies[1].at(4), 40.0));
+    }
+
+    #[test]
     fn an_unused_model_gets_a_harmless_latency_and_nothing_observed_is_an_error() {
-        let small = stats(500, 500, vec![0, 0], &[(1, 500, 5.0)]);
-        let input = input_from_stats(&[small, SubserverStats::default()], 0, 64).unwrap();
-        assert_eq!(input.latencies[1].at(1), 5.0);
+        let small = stats(500, 500, vec![0, 0], &[(1, 1, 500, 5.0)]);
+        let input = input_from_stats(&[small, SubserverStats::default()], &[], 0, 64).unwrap();
+        assert!(close(input.latencies[1].at(1), 5.0));
         assert_eq!(input.route[1], vec![0.0, 1.0]);
         assert_eq!(
-            input_from_stats(&[SubserverStats::default(), SubserverStats::default()], 0, 64),
+            input_from_stats(&[SubserverStats::default(), SubserverStats::default()], &[], 0, 64),
             Err(PlanError::NoObservations)
         );
     }

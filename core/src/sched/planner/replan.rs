@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{input_from_stats, predict, search, PlanError};
+use super::{input_from_stats, predict, search, table_rule, LatencyTable, PlanError, StartupPlan};
 use crate::sched::{BatchingRule, SubserverStats, Threshold};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -23,15 +23,25 @@ pub struct ReplanConfig {
     pub max_batch: usize,
     /// Where requests start (the small model of a delegating policy).
     pub entry_model: usize,
+    /// Plan a table of thresholds per N at start-up from the models' start-up costs
+    /// (two models, each with a cost), before any window was served.
+    pub plan_at_start: bool,
 }
 
 impl Default for ReplanConfig {
     fn default() -> Self {
-        ReplanConfig { interval: Duration::from_secs(5), margin: 0.05, min_steps: 50, max_batch: 64, entry_model: 0 }
+        ReplanConfig {
+            interval: Duration::from_secs(5),
+            margin: 0.05,
+            min_steps: 50,
+            max_batch: 64,
+            entry_model: 0,
+            plan_at_start: true,
+        }
     }
 }
 
-/// A switch the re-planner made.
+/// A switch the re-planner made, and what it measured in the window behind it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Replan {
     pub active: usize,
@@ -39,6 +49,35 @@ pub struct Replan {
     pub to: Vec<usize>,
     pub predicted_from: f64,
     pub predicted_to: f64,
+    /// `route[i][j]`: the share of model i's rows that went on to model j.
+    pub route: Vec<Vec<f64>>,
+    /// Mean tokens a row fed on each model (1 for decodes; more for catch-up extends).
+    pub tokens_per_row: Vec<f64>,
+}
+
+/// Where the thresholds in force came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleSource {
+    /// The configured rule, nothing planned yet.
+    Configured,
+    /// Set by hand (config thresholds or `Engine::set_batching`): re-planning stops.
+    Hand,
+    /// Planned at start-up from profiles and the policy's expected routing.
+    Startup,
+    /// Switched by the re-planner from served counters.
+    Replanned,
+}
+
+/// What the planner did and why, for `/v1/stats` and the dashboard.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlannerStatus {
+    pub source: RuleSource,
+    pub replanning: bool,
+    pub startup: Option<StartupPlan>,
+    pub last_replan: Option<Replan>,
+    /// Thresholds planned per N (start-up and re-planned).
+    pub planned: BTreeMap<usize, Vec<usize>>,
 }
 
 /// Owns the thresholds the engine runs with and what it learned per N.
@@ -48,11 +87,56 @@ pub struct Replanner {
     rule: BatchingRule,
     planned: BTreeMap<usize, Vec<usize>>,
     previous: Option<Vec<SubserverStats>>,
+    /// Each model's profiled cost by tokens, where one was measured or saved.
+    priors: Vec<Option<LatencyTable>>,
+    source: RuleSource,
+    startup: Option<StartupPlan>,
+    last: Option<Replan>,
 }
 
 impl Replanner {
     pub fn new(config: ReplanConfig, rule: BatchingRule) -> Self {
-        Replanner { config, rule, planned: BTreeMap::new(), previous: None }
+        Replanner {
+            config,
+            rule,
+            planned: BTreeMap::new(),
+            previous: None,
+            priors: Vec::new(),
+            source: RuleSource::Configured,
+            startup: None,
+            last: None,
+        }
+    }
+
+    /// Profiled step costs by tokens fed, per model (engine order).
+    pub fn set_priors(&mut self, priors: Vec<Option<LatencyTable>>) {
+        self.priors = priors;
+    }
+
+    pub fn priors(&self) -> &[Option<LatencyTable>] {
+        &self.priors
+    }
+
+    /// Starts from a start-up plan, unless thresholds were set by hand meanwhile.
+    pub fn adopt_startup(&mut self, plan: StartupPlan) -> bool {
+        if self.source == RuleSource::Hand {
+            return false;
+        }
+        self.planned = plan.table.iter().map(|(n, b, _)| (*n, b.clone())).collect();
+        self.rule = BatchingRule { max_wait: self.rule.max_wait, ..plan.rule.clone() };
+        self.startup = Some(plan);
+        self.source = RuleSource::Startup;
+        true
+    }
+
+    pub fn status(&self) -> PlannerStatus {
+        PlannerStatus {
+            source: self.source,
+            replanning: self.source != RuleSource::Hand,
+            startup: self.startup.clone(),
+            last_replan: self.last.clone(),
+            planned: self.planned.clone(),
+        }
     }
 
     pub fn config(&self) -> &ReplanConfig {
@@ -63,15 +147,20 @@ impl Replanner {
         &self.rule
     }
 
-    /// Someone set the thresholds by hand: they win, and what was learned is dropped.
+    /// Someone set the thresholds by hand: they win, what was learned is dropped, and
+    /// re-planning stops.
     pub fn set_rule(&mut self, rule: BatchingRule) {
         self.rule = rule;
         self.planned.clear();
+        self.source = RuleSource::Hand;
     }
 
     /// Takes cumulative per-model stats (engine order) and the active count; returns
     /// the switch when one is made (`rule()` is then the new rule).
     pub fn observe(&mut self, stats: &[SubserverStats], active: usize) -> Result<Option<Replan>, PlanError> {
+        if self.source == RuleSource::Hand {
+            return Ok(None);
+        }
         let Some(previous) = self.previous.as_ref().filter(|p| p.len() == stats.len()) else {
             self.previous = Some(stats.to_vec());
             return Ok(None);
@@ -81,7 +170,8 @@ impl Replanner {
             return Ok(None); // keep accumulating from the same start
         }
         self.previous = Some(stats.to_vec());
-        let input = input_from_stats(&window, self.config.entry_model, self.config.max_batch)?;
+        let input = input_from_stats(&window, &self.priors, self.config.entry_model, self.config.max_batch)?
+            .with_online_delta();
         let current = self.rule.effective(active);
         let now = predict(&input, active, &current)?;
         let plan = search(&input, active)?;
@@ -93,13 +183,18 @@ impl Replanner {
         }
         self.planned.insert(active, best.thresholds.clone());
         self.rule = self.expanded_rule();
-        Ok(Some(Replan {
+        self.source = RuleSource::Replanned;
+        let replan = Replan {
             active,
             from: current,
             to: best.thresholds,
             predicted_from: now.tokens_per_sec,
             predicted_to: best.prediction.tokens_per_sec,
-        }))
+            route: input.route.clone(),
+            tokens_per_row: window.iter().map(|s| s.tokens_per_row().unwrap_or(0.0)).collect(),
+        };
+        self.last = Some(replan.clone());
+        Ok(Some(replan))
     }
 
     /// A table per model with an entry for every N up to past the last planned or
@@ -118,13 +213,7 @@ impl Replanner {
         let last = explicit_max.max(self.planned.keys().copied().max().unwrap_or(1)) + 1;
         let rows: Vec<(usize, Vec<usize>)> =
             (1..=last).map(|n| (n, self.planned.get(&n).cloned().unwrap_or_else(|| self.rule.effective(n)))).collect();
-        let models = self.rule.thresholds.len();
-        BatchingRule {
-            thresholds: (0..models)
-                .map(|i| Threshold::ByActive(rows.iter().map(|(n, b)| (*n, b[i])).collect()))
-                .collect(),
-            max_wait: self.rule.max_wait,
-        }
+        table_rule(&rows, self.rule.thresholds.len(), self.rule.max_wait)
     }
 }
 
@@ -184,5 +273,72 @@ mod tests {
         replanner.observe(&served(2), 6).unwrap().unwrap();
         replanner.set_rule(BatchingRule::fixed(&[2, 1]));
         assert_eq!(replanner.rule().effective(6), vec![2, 1]);
+        // Hand thresholds win: the same traffic that moved them before moves nothing now.
+        replanner.observe(&served(3), 6).unwrap();
+        assert_eq!(replanner.observe(&served(4), 6).unwrap(), None);
+        assert_eq!(replanner.status().source, RuleSource::Hand);
+        assert!(!replanner.status().replanning);
+    }
+
+    /// One window of a two-model deployment at delegation rate `p`: the small model's
+    /// 1,000 rows in 4-row decode steps, the large one's p·1,000 rows each catching up
+    /// 1/p tokens, in 1- and 2-row steps, all costed from card-like tables.
+    fn window_at(p: f64, costs: &[LatencyTable; 2]) -> Vec<SubserverStats> {
+        let rows = 1000u64;
+        let moved = (p * rows as f64).round() as u64;
+        let per_row = (1.0 / p).round() as usize;
+        let mut small = SubserverStats { rows, tokens_committed: rows - moved, ..Default::default() };
+        small.handoffs_to = vec![0, moved];
+        for _ in 0..rows / 4 {
+            small.record_step(4, 4, Duration::from_secs_f64(costs[0].at(4) / 1e3));
+        }
+        let large_rows = moved / 3 * 3;
+        let mut large = SubserverStats { rows: large_rows, tokens_committed: large_rows, ..Default::default() };
+        large.handoffs_to = vec![large_rows, 0];
+        for step_rows in [1usize, 2] {
+            for _ in 0..moved / 3 {
+                let tokens = step_rows * per_row;
+                large.record_step(step_rows, tokens, Duration::from_secs_f64(costs[1].at(tokens) / 1e3));
+            }
+        }
+        for s in [&mut small, &mut large] {
+            s.steps = s.steps_by_tokens.iter().sum();
+            s.tokens_fed = s.tokens_by_bucket.iter().sum();
+        }
+        vec![small, large]
+    }
+
+    #[test]
+    fn a_change_in_the_routing_rate_moves_the_thresholds_to_the_new_best() {
+        let costs = [
+            LatencyTable::from_points([(1, 2.0), (64, 2.5), (512, 8.0)]).unwrap(),
+            LatencyTable::from_points([(1, 20.0), (64, 22.0), (512, 60.0)]).unwrap(),
+        ];
+        let n = 8;
+        let (before, after) = (0.05, 0.5);
+        let best = |p: f64| {
+            let input = input_from_stats(&window_at(p, &costs), &[], 0, 64).unwrap().with_online_delta();
+            search(&input, n).unwrap().best.thresholds
+        };
+        assert_ne!(best(before), best(after), "the two rates must call for different thresholds");
+        let mut replanner = Replanner::new(ReplanConfig { margin: 0.0, ..Default::default() }, BatchingRule::eager(2));
+        let mut served = vec![SubserverStats::default(), SubserverStats::default()];
+        let mut look = |replanner: &mut Replanner, p: f64| {
+            served = served.iter().zip(window_at(p, &costs)).map(|(total, w)| total.plus(&w)).collect();
+            replanner.observe(&served, n).unwrap()
+        };
+        look(&mut replanner, before);
+        for _ in 0..3 {
+            look(&mut replanner, before);
+        }
+        assert_eq!(replanner.rule().effective(n), best(before));
+        // The policy now delegates ten times as often: the next window moves the rule.
+        let replan = look(&mut replanner, after).expect("a switch after the rate changed");
+        assert_eq!((replan.from.clone(), replan.to.clone()), (best(before), best(after)));
+        assert!((replan.route[0][1] - after).abs() < 1e-9, "{replan:?}");
+        assert!((replan.tokens_per_row[1] - 1.0 / after).abs() < 1e-9, "{replan:?}");
+        assert_eq!(replanner.rule().effective(n), best(after));
+        replanner.rule().validate(2).unwrap();
+        assert_eq!(replanner.status().source, RuleSource::Replanned);
     }
 }
