@@ -520,6 +520,18 @@ fn stats() -> Value {
                 "models": { "type": "array", "items": schema("ModelReadiness") },
                 "tokenizer": { "type": "boolean", "description": "Absent where the models have no tokenizer." },
             }},
+            "planner": {
+                "type": "object",
+                "nullable": true,
+                "description": "Where the thresholds in force came from and the planner's last decisions; null when it is off.",
+                "properties": {
+                    "source": { "type": "string", "enum": ["configured", "hand", "startup", "replanned"] },
+                    "replanning": { "type": "boolean" },
+                    "startup": { "type": "object", "nullable": true, "description": "The start-up table: delegation prior and (N, thresholds, predicted tok/s) rows." },
+                    "last_replan": { "type": "object", "nullable": true, "description": "The last switch: N, from, to, predictions, measured routing and tokens per row." },
+                    "planned": { "type": "object", "description": "Thresholds planned per N." },
+                },
+            },
         },
     })
 }

@@ -209,7 +209,7 @@ pub fn run(
 }
 
 /// Longest step the start-up profile times before it stops (see [`step_cost_points`]).
-pub const STARTUP_PROFILE_MAX_STEP: Duration = Duration::from_millis(400);
+pub const STARTUP_PROFILE_MAX_STEP: Duration = Duration::from_millis(250);
 
 /// The (tokens fed, milliseconds) points of a saved profile: decodes at its shortest
 /// context (b rows feed b tokens), extends and prefills.
@@ -221,9 +221,9 @@ pub fn profile_points(profile: &Profile) -> Vec<(usize, f64)> {
 }
 
 /// Shapes of the start-up profile, (rows, tokens per row), cheapest first: decodes of 1
-/// to 64 rows, then wider steps such as long extends and prompt chunks.
-const STEP_COST_SHAPES: &[(usize, usize)] =
-    &[(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 8), (16, 16), (32, 16), (64, 16)];
+/// to 64 rows, then wider steps such as long extends and prompt chunks, a factor of four
+/// apart (the planner interpolates between them).
+const STEP_COST_SHAPES: &[(usize, usize)] = &[(1, 1), (4, 1), (16, 1), (64, 1), (16, 16), (64, 16)];
 
 /// A short profile for the planner: (tokens fed, milliseconds) of one step at each of
 /// [`STEP_COST_SHAPES`] that fits `max_rows`, `max_tokens` and the free K/V, the median of

@@ -27,7 +27,7 @@ pub use search::{feasible_thresholds, plan_table, search, search_with, Candidate
 pub use solve::Prediction;
 pub use startup::{
     startup_input, startup_plan, table_rule, StartupPlan, DEFAULT_DELEGATION_PRIOR, ONLINE_DELTA_DIVISOR,
-    STARTUP_CONCURRENCIES,
+    ONLINE_MAX_UNITS, STARTUP_CONCURRENCIES,
 };
 
 /// Most models the chain represents (state keys pack four models).
@@ -123,9 +123,14 @@ impl PlannerInput {
 
     /// The same input on the coarser time unit used while serving (see
     /// [`ONLINE_DELTA_DIVISOR`]).
+    /// The unit is also at least the slowest batch-1 step / [`ONLINE_MAX_UNITS`]: models
+    /// far apart in speed (a 3M-parameter draft beside a 135M model) would otherwise make
+    /// every chain millions of states, and a start-up search run for minutes.
     pub fn with_online_delta(self) -> Self {
-        let fastest = self.latencies.iter().map(|l| l.at(1)).fold(f64::INFINITY, f64::min);
-        PlannerInput { delta_ms: Some(fastest / ONLINE_DELTA_DIVISOR), ..self }
+        let at_one = self.latencies.iter().map(|l| l.at(1));
+        let fastest = at_one.clone().fold(f64::INFINITY, f64::min);
+        let slowest = at_one.fold(0.0, f64::max);
+        PlannerInput { delta_ms: Some((fastest / ONLINE_DELTA_DIVISOR).max(slowest / ONLINE_MAX_UNITS)), ..self }
     }
 
     /// The chain's time unit in milliseconds.

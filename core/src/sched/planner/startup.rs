@@ -17,6 +17,9 @@ pub const STARTUP_CONCURRENCIES: &[usize] = &[1, 2, 4, 8, 12, 16];
 /// 1%, and N = 32 in 4.7 s instead of 11.7 s.
 pub const ONLINE_DELTA_DIVISOR: f64 = 8.0;
 
+/// Most time units the slowest batch-1 step spans in plans made while serving.
+pub const ONLINE_MAX_UNITS: f64 = 48.0;
+
 /// Delegation rate assumed for a policy that cannot say its own.
 pub const DEFAULT_DELEGATION_PRIOR: f64 = 0.1;
 
