@@ -69,6 +69,7 @@ pub async fn stats(state: web::Data<AppState>) -> HttpResponse {
         "shutting_down": state.is_shutting_down(),
         "ready": readiness.ready && !state.is_shutting_down(),
         "readiness": readiness,
+        "planner": engine.planner,
     }))
 }
 
