@@ -2,11 +2,9 @@
 //! tiny random models with the real Qwen3 tokenizer), reading the streamed answer, the
 //! per-token models and the large model's share.
 
-mod http_support;
-
 use std::process::Command;
 
-use http_support::*;
+use crate::http_support::*;
 use serde_json::json;
 
 /// Runs `tokenrouter chat ARGS` off the async runtime; returns (success, stdout, stderr).

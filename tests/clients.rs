@@ -3,15 +3,13 @@
 //! stop on SIGTERM, and HTTPS (`server.tls`) to a client that trusts the test CA. Tools
 //! that CI installs (`.ci/run`) are skipped with a printed reason where missing.
 
-mod tls_support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::tls_support::TestCerts;
 use tempfile::TempDir;
-use tls_support::TestCerts;
 
 const CONFIG: &str = "
 models:

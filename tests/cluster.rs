@@ -3,14 +3,11 @@
 //! the node mid-run ends or resumes every request; a wrong cookie is refused. A second
 //! test puts the node in another network namespace (root only).
 
-mod cluster_support;
-mod tls_support;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster_support::*;
-use tls_support::TestCerts;
+use crate::cluster_support::*;
+use crate::tls_support::TestCerts;
 use tokenrouter::actors::remote::{FrontTls, LinkState, NodeStatus};
 use tokenrouter::actors::{Engine, Fault, GenerationEvent};
 

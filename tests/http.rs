@@ -2,12 +2,10 @@
 //! on two tiny random models with the real Qwen3 tokenizer. Tests skip, saying why,
 //! when the tokenizer is not available (`.ci/run` fetches it).
 
-mod http_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_support::*;
+use crate::http_support::*;
 use serde_json::{json, Value};
 use tokenrouter::http::{run_server, AppState, DefaultPolicyOnly};
 

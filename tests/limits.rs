@@ -3,9 +3,7 @@
 //! a request just within every bound is served. Also the OpenAPI document that states
 //! these bounds. Skips, saying why, without the Qwen3 tokenizer (`.ci/run` fetches it).
 
-mod http_support;
-
-use http_support::*;
+use crate::http_support::*;
 use serde_json::{json, Value};
 use tokenrouter::http::{Limits, RequestLimits};
 

@@ -2,9 +2,7 @@
 //! two tiny random models: `n` choices, `logit_bias`, structured outputs, and
 //! `/tokenize` / `/detokenize`. Tests skip, saying why, without the Qwen3 tokenizer.
 
-mod http_support;
-
-use http_support::*;
+use crate::http_support::*;
 use serde_json::{json, Value};
 
 fn choice_text(choice: &Value) -> String {

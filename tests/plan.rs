@@ -1,11 +1,9 @@
 //! `tokenrouter plan` end to end: the threshold table from given latencies, written
 //! into a config that loads back, and planner inputs read off a running server.
 
-mod http_support;
-
 use std::process::{Command, Output};
 
-use http_support::{chat, test_limits, TestServer};
+use crate::http_support::{chat, test_limits, TestServer};
 use serde_json::Value;
 use tempfile::TempDir;
 use tokenrouter::config::ServerConfig;

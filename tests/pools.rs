@@ -2,12 +2,10 @@
 //! tiny random engines (real Qwen3 tokenizer), and a long pool that is another server
 //! reached over HTTP. Skips, saying why, without the tokenizer.
 
-mod http_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_support::*;
+use crate::http_support::*;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tokenrouter::actors::{Engine, EngineConfig, ModelSpec, StepLimits};

@@ -4,9 +4,7 @@
 //! near tie (a cached prefix's K/V come from another batch shape, so they may differ in
 //! the last bits, as vLLM's and SGLang's do).
 
-mod http_support;
-
-use http_support::{sse_chunks, Setup, TestServer};
+use crate::http_support::{sse_chunks, Setup, TestServer};
 use serde_json::{json, Value};
 
 fn transcript(turns: usize) -> Value {

@@ -3,11 +3,9 @@
 //! a full admission queue (429), the request time limit (504), requests without
 //! `max_tokens`, and opt-in fault injection.
 
-mod http_support;
-
 use std::time::Duration;
 
-use http_support::{assert_envelope, chat, sse_chunks, test_limits, Setup, TestServer, CONTEXT};
+use crate::http_support::{assert_envelope, chat, sse_chunks, test_limits, Setup, TestServer, CONTEXT};
 use serde_json::{json, Value};
 use tokenrouter::actors::{AdmissionConfig, SupervisionConfig};
 

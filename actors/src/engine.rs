@@ -26,7 +26,7 @@ pub use crate::launch::GenerationStream;
 use crate::launch::{Launch, StreamLink};
 use crate::registry::Registry;
 use crate::remote::{self, ClusterConfig, NodeStatus};
-use crate::replan::{ReplanActor, ReplanArgs, ReplanMsg};
+use crate::replan::{PlannerStatusCell, ReplanActor, ReplanArgs, ReplanMsg};
 use crate::request::{RequestCore, RequestMsg, Reservation, TextStream};
 use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
 use tokenrouter_core::tokenize::incremental::SessionConfig;
@@ -226,7 +226,7 @@ async fn respawn_tokenizer(shared: &EngineShared, root: &ActorRef<()>) {
 pub struct Engine {
     shared: Arc<EngineShared>,
     root: ActorRef<()>,
-    replanner: Option<ActorRef<ReplanMsg>>,
+    replanner: Option<(ActorRef<ReplanMsg>, PlannerStatusCell)>,
 }
 
 impl Engine {
@@ -355,8 +355,11 @@ impl Engine {
                         .then(|| expected_delegation(&*shared.default_policy).unwrap_or(DEFAULT_DELEGATION_PRIOR));
                 let mut replanner = Replanner::new(replan, config.batching.clone());
                 replanner.set_priors(step_costs);
-                let args = ReplanArgs { replanner, engine: Arc::downgrade(&shared), plan_at_start };
-                Some(Actor::spawn_linked(None, ReplanActor, args, root.get_cell()).await.map_err(spawn_err)?.0)
+                let status = PlannerStatusCell::new(replanner.status());
+                let args =
+                    ReplanArgs { replanner, engine: Arc::downgrade(&shared), plan_at_start, status: status.clone() };
+                let actor = Actor::spawn_linked(None, ReplanActor, args, root.get_cell()).await.map_err(spawn_err)?.0;
+                Some((actor, status))
             }
             None => None,
         };
@@ -634,17 +637,16 @@ impl Engine {
         std::mem::take(&mut *self.shared.recent_ttfts.lock())
     }
 
-    /// What the planner did and why: `None` without re-planning (or when it does not
-    /// answer within a second).
+    /// What the planner did and why (as of its last decision, also while it searches):
+    /// `None` without re-planning.
     pub async fn planner_status(&self) -> Option<PlannerStatus> {
-        let replanner = self.replanner.as_ref()?;
-        ractor::call_t!(replanner, ReplanMsg::Status, 1000).ok()
+        self.replanner.as_ref().map(|(_, status)| status.get())
     }
 
     /// Changes the delayed-batching thresholds of every subserver.
     pub fn set_batching(&self, rule: BatchingRule) -> Result<(), EngineError> {
         rule.validate(self.shared.model_count()).map_err(|e| EngineError::Config(e.to_string()))?;
-        if let Some(replanner) = &self.replanner {
+        if let Some((replanner, _)) = &self.replanner {
             let _ = replanner.send_message(ReplanMsg::SetRule(rule.clone()));
         }
         self.shared.broadcast_rule(rule);

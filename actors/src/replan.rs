@@ -2,11 +2,12 @@
 //! start-up costs and the policy's expected routing; then on a timer it reads every
 //! subserver's counters, lets the core `Replanner` decide, and sends a new batching rule
 //! to the subservers when it switches. Searches run on a blocking thread so no async
-//! worker stalls.
+//! worker stalls; what the planner did is published in a [`PlannerStatusCell`] that
+//! readers take without asking the actor (which may be waiting on a search).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokenrouter_core::model::threads;
 use tokenrouter_core::sched::planner::{startup_plan, LatencyTable, PlannerStatus, Replanner, STARTUP_CONCURRENCIES};
 use tokenrouter_core::sched::BatchingRule;
@@ -19,7 +20,6 @@ pub enum ReplanMsg {
     Tick,
     /// The thresholds were set by hand.
     SetRule(BatchingRule),
-    Status(RpcReplyPort<PlannerStatus>),
 }
 
 // Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
@@ -27,11 +27,29 @@ impl ractor::Message for ReplanMsg {}
 
 pub struct ReplanActor;
 
+/// What the planner did and why, as of its last decision: written by the actor, read
+/// by `/v1/stats` at any time.
+#[derive(Clone)]
+pub struct PlannerStatusCell(Arc<parking_lot::Mutex<PlannerStatus>>);
+
+impl PlannerStatusCell {
+    pub fn new(status: PlannerStatus) -> Self {
+        PlannerStatusCell(Arc::new(parking_lot::Mutex::new(status)))
+    }
+
+    pub fn get(&self) -> PlannerStatus {
+        self.0.lock().clone()
+    }
+
+    fn set(&self, status: PlannerStatus) {
+        *self.0.lock() = status;
+    }
+}
+
 pub struct ReplanState {
     /// `None` while a search runs on a blocking thread.
     replanner: Option<Replanner>,
-    /// What the planner did and why, as of its last decision.
-    status: PlannerStatus,
+    status: PlannerStatusCell,
     engine: Weak<EngineShared>,
     /// Ticks that queued while a slow search ran are dropped until then.
     next_look: std::time::Instant,
@@ -42,6 +60,7 @@ pub struct ReplanArgs {
     pub(crate) engine: Weak<EngineShared>,
     /// Plan at start at this delegation rate (two models with start-up costs).
     pub(crate) plan_at_start: Option<f64>,
+    pub(crate) status: PlannerStatusCell,
 }
 
 impl Actor for ReplanActor {
@@ -58,9 +77,9 @@ impl Actor for ReplanActor {
             myself.send_message(ReplanMsg::PlanAtStart(delegation))?;
         }
         myself.send_interval(args.replanner.config().interval, || ReplanMsg::Tick);
-        let status = args.replanner.status();
+        args.status.set(args.replanner.status());
         let next_look = std::time::Instant::now();
-        Ok(ReplanState { replanner: Some(args.replanner), status, engine: args.engine, next_look })
+        Ok(ReplanState { replanner: Some(args.replanner), status: args.status, engine: args.engine, next_look })
     }
 
     async fn handle(
@@ -73,7 +92,7 @@ impl Actor for ReplanActor {
             ReplanMsg::SetRule(rule) => {
                 if let Some(r) = state.replanner.as_mut() {
                     r.set_rule(rule.clone());
-                    state.status = r.status();
+                    state.status.set(r.status());
                 }
                 // Again, after anything this actor broadcast since the engine did: the
                 // hand rule is the last the subservers hear.
@@ -83,9 +102,6 @@ impl Actor for ReplanActor {
             }
             ReplanMsg::PlanAtStart(delegation) => plan_at_start(state, delegation).await,
             ReplanMsg::Tick => tick(state).await,
-            ReplanMsg::Status(reply) => {
-                let _ = reply.send(state.status.clone());
-            }
         }
         Ok(())
     }
@@ -120,7 +136,7 @@ async fn plan_at_start(state: &mut ReplanState, delegation: f64) {
         Ok(Err(e)) => tracing::warn!(error = %e, "no start-up plan; thresholds stay as configured"),
         Err(e) => tracing::warn!(error = %e, "the start-up plan's search failed"),
     }
-    state.status = replanner.status();
+    state.status.set(replanner.status());
     state.replanner = Some(replanner);
 }
 
@@ -166,7 +182,7 @@ async fn tick(state: &mut ReplanState) {
         Ok(None) => {}
         Err(e) => tracing::debug!(error = %e, "re-planning skipped"),
     }
-    state.status = replanner.status();
+    state.status.set(replanner.status());
     state.replanner = Some(replanner);
     state.next_look = std::time::Instant::now() + interval / 2;
 }

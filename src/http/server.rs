@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use actix_http::error::DispatchError;
 use actix_http::HttpService;
-use actix_server::ServerHandle;
+use actix_server::{GracefulShutdownSignal, ServerHandle};
 use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactory, ServiceFactoryExt};
 use actix_web::dev::AppConfig;
 use tokenrouter_actors::tls::TlsAcceptor;
@@ -87,13 +87,15 @@ where
     }
     let listeners = listen(bind)?;
     let addr = listeners[0].local_addr()?;
+    let stopping = server.graceful_shutdown_signal();
     for listener in listeners {
-        let state = state.clone();
+        let (state, stopping) = (state.clone(), stopping.clone());
         server = match state.tls.clone() {
-            None => server.listen("tokenrouter-http", listener, move || plain_connections(state.clone()))?,
-            Some(tls) => {
-                server.listen("tokenrouter-https", listener, move || tls_connections(state.clone(), tls.clone()))?
-            }
+            None => server
+                .listen("tokenrouter-http", listener, move || plain_connections(state.clone(), stopping.clone()))?,
+            Some(tls) => server.listen("tokenrouter-https", listener, move || {
+                tls_connections(state.clone(), tls.clone(), stopping.clone())
+            })?,
         };
     }
     let server = server.run();
@@ -142,12 +144,13 @@ const TLS_HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 /// What serves one worker's plain connections: each wrapped, then HTTP/1 into the app.
 fn plain_connections(
     state: AppState,
+    stopping: GracefulShutdownSignal,
 ) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = DispatchError, InitError = ()> {
     fn_service(|stream: TcpStream| async move {
         let peer = accepted(&stream);
         Ok((EnvelopedParseErrors::new(stream), peer))
     })
-    .and_then(http_service(state))
+    .and_then(http_service(state, stopping))
 }
 
 /// [`plain_connections`] over TLS: the handshake first, within [`TLS_HANDSHAKE_LIMIT`].
@@ -156,6 +159,7 @@ fn plain_connections(
 fn tls_connections(
     state: AppState,
     tls: TlsAcceptor,
+    stopping: GracefulShutdownSignal,
 ) -> impl ServiceFactory<TcpStream, Config = (), Response = (), Error = DispatchError, InitError = ()> {
     fn_service(move |stream: TcpStream| {
         let tls = tls.clone();
@@ -170,7 +174,7 @@ fn tls_connections(
             Ok((EnvelopedParseErrors::new(stream), peer))
         }
     })
-    .and_then(http_service(state))
+    .and_then(http_service(state, stopping))
 }
 
 /// Socket settings for a new connection; returns its peer's address.
@@ -184,12 +188,20 @@ fn accepted(stream: &TcpStream) -> Option<SocketAddr> {
 /// HTTP/1 into the app, over any (wrapped) connection.
 fn http_service<T>(
     state: AppState,
+    stopping: GracefulShutdownSignal,
 ) -> impl ServiceFactory<(T, Option<SocketAddr>), Config = (), Response = (), Error = DispatchError, InitError = ()>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
     let app = build_app(state).into_factory().map_err(|e| e.error_response());
     HttpService::build()
+        // At a graceful stop, idle keep-alive connections close at once and busy ones
+        // after their current response (a stream included), so the stop waits for
+        // work in flight, not for clients that keep a connection open.
+        .graceful_shutdown_signal(move || {
+            let stopping = stopping.clone();
+            async move { stopping.notified().await }
+        })
         // As actix-web's server: a client has a second to read the rest of a closing response.
         .client_disconnect_timeout(Duration::from_secs(1))
         // A client that closes its side is gone, not half-closed: abort its
