@@ -135,6 +135,24 @@ fn the_official_openai_client_gets_tool_calls() {
     }
 }
 
+/// The Messages API through Anthropic's own SDK: a message, a stream, a forced tool
+/// call and its result sent back, the call streamed, count_tokens, a refusal by name.
+#[test]
+fn the_official_anthropic_client_gets_messages_streams_and_tool_use() {
+    let Some(stdout) = run_python_example("anthropic_client.py", "anthropic") else { return };
+    for line in [
+        "message:",
+        "count_tokens:",
+        "streamed",
+        "tool call: get_weather(",
+        "round trip:",
+        "streamed tool call:",
+        "refused by name:",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+}
+
 #[test]
 fn curl_example_streams_sse_with_routing_trace() {
     let Some(_) = tool("CURL", "curl", false) else { return };

@@ -9,6 +9,7 @@ mod cluster_support;
 mod http_support;
 mod tls_support;
 
+mod anthropic;
 mod chat;
 mod cli;
 mod clients;

@@ -88,7 +88,7 @@ impl ApiError {
     }
 
     /// When a client should try again (`Retry-After`), for errors that pass.
-    fn retry_after_s(&self) -> Option<u64> {
+    pub(crate) fn retry_after_s(&self) -> Option<u64> {
         match self {
             ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
             ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_S),

@@ -1,5 +1,5 @@
 //! Request extractors whose failures are `ApiError`s (so they answer in the OpenAI
-//! envelope): the bearer-key check and a JSON body reader with a size limit that
+//! envelope): the key check (a bearer token, or Anthropic's `x-api-key`) and a JSON body reader with a size limit that
 //! names the offending field of a type error.
 
 use actix_web::dev::Payload;
@@ -32,16 +32,19 @@ impl FromRequest for Authorized {
     }
 }
 
+const API_KEY_HEADER: &str = "x-api-key";
+
 fn check_key(req: &HttpRequest, keys: &[String]) -> Result<Authorized, ApiError> {
     if keys.is_empty() {
         return Ok(Authorized);
     }
-    let given = req
+    let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    // Anthropic's SDKs send the key in `x-api-key`.
+    let given = bearer.or_else(|| req.headers().get(API_KEY_HEADER).and_then(|v| v.to_str().ok())).map(str::trim);
     match given {
         Some(given) if matches_any_key(given, keys) => Ok(Authorized),
         _ => Err(ApiError::Unauthorized),

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP layer (actix-web): `POST /v1/chat/completions` and
-//! `POST /v1/completions` (JSON or SSE), `GET /v1/models`, `GET /health`,
+//! `POST /v1/completions` (JSON or SSE), Anthropic's `POST /v1/messages` (and
+//! `/v1/messages/count_tokens`), `GET /v1/models`, `GET /health`,
 //! `GET /metrics` (Prometheus), `GET /v1/stats` (JSON for the dashboard) and
 //! `GET /openapi.json` (an OpenAPI description of all of these).
 //!
@@ -7,10 +8,11 @@
 //! through a [`PolicyResolver`]; every failure is an [`ApiError`], mapped to a status
 //! and OpenAI's error envelope in one place.
 //!
-//! With API keys configured, the `/v1/chat/completions`, `/v1/completions` and
-//! `/v1/models` routes need `Authorization: Bearer <key>`; `/health`, `/metrics`,
+//! With API keys configured, the generation routes and `/v1/models` need
+//! `Authorization: Bearer <key>` (or `x-api-key: <key>`); `/health`, `/metrics`,
 //! `/v1/stats` and `/openapi.json` are operational read-only views and need none.
 
+mod anthropic;
 mod debug;
 mod error;
 mod extract;
@@ -50,6 +52,8 @@ pub use state::{AppState, Limits, RequestLimits};
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/chat/completions", web::post().to(handlers::chat_completions))
         .route("/v1/completions", web::post().to(handlers::completions))
+        .route("/v1/messages", web::post().to(anthropic::messages))
+        .route("/v1/messages/count_tokens", web::post().to(anthropic::count_tokens))
         .route("/v1/models", web::get().to(info::models))
         .route("/tokenize", web::post().to(tokenize::tokenize))
         .route("/detokenize", web::post().to(tokenize::detokenize))

@@ -1,7 +1,9 @@
 //! The SSE body of a streamed response. It owns the engine's event stream and the
 //! request's admission slot: when actix drops the body (the client went away, or
 //! shutdown's grace ran out) both are dropped with it, which cancels the request and
-//! frees its KV. Nothing else holds the event stream.
+//! frees its KV. Nothing else holds the event stream. The chunks are OpenAI's; a
+//! [`Framer`] writes them as the route's protocol frames them (OpenAI's `data:` lines
+//! and `[DONE]`, or Anthropic's named events).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -28,11 +30,46 @@ const DONE: &[u8] = b"data: [DONE]\n\n";
 /// Events of a response's choices, each tagged with its choice index.
 pub type ChoiceEvents = futures::stream::BoxStream<'static, (usize, GenerationEvent)>;
 
+/// How a streamed response's chunks go on the wire.
+pub trait Framer: Send + 'static {
+    /// One OpenAI chunk (a choice's delta or finish).
+    fn chunk(&mut self, chunk: &Value) -> Vec<Bytes>;
+    /// Every choice finished: their usage together, and OpenAI's usage chunk when the
+    /// request asked for it.
+    fn finished(&mut self, usage: &Usage, usage_chunk: Option<Value>) -> Vec<Bytes>;
+    /// An error after the response began.
+    fn error(&mut self, error: &ApiError) -> Vec<Bytes>;
+    /// The response's last frames.
+    fn end(&mut self) -> Vec<Bytes>;
+}
+
+/// OpenAI's framing: each chunk a `data:` line, errors in the envelope, `[DONE]` last.
+pub struct OpenAiFramer;
+
+impl Framer for OpenAiFramer {
+    fn chunk(&mut self, chunk: &Value) -> Vec<Bytes> {
+        vec![data_frame(chunk)]
+    }
+
+    fn finished(&mut self, _: &Usage, usage_chunk: Option<Value>) -> Vec<Bytes> {
+        usage_chunk.iter().map(data_frame).collect()
+    }
+
+    fn error(&mut self, error: &ApiError) -> Vec<Bytes> {
+        vec![data_frame(&error.envelope())]
+    }
+
+    fn end(&mut self) -> Vec<Bytes> {
+        vec![Bytes::from_static(DONE)]
+    }
+}
+
 pub struct SseStream {
     /// `None` once the request ended (dropped at once, not when actix drops the body).
     events: Option<ChoiceEvents>,
     /// One per choice.
     encoders: Vec<StreamEncoder>,
+    framer: Box<dyn Framer>,
     unfinished: usize,
     usage: Usage,
     /// Frames ready to send.
@@ -48,15 +85,17 @@ impl SseStream {
     pub fn new(
         streams: Vec<EventStream>,
         encoders: Vec<StreamEncoder>,
+        mut framer: Box<dyn Framer>,
         keep_alive: Duration,
         permit: OwnedSemaphorePermit,
     ) -> Self {
-        let queue = encoders.iter().flat_map(StreamEncoder::start).map(|c| data_frame(&c)).collect();
+        let queue = encoders.iter().flat_map(StreamEncoder::start).flat_map(|c| framer.chunk(&c)).collect();
         let tagged = streams.into_iter().enumerate().map(|(i, s)| s.map(move |e| (i, e)));
         SseStream {
             events: Some(futures::stream::select_all(tagged).boxed()),
             unfinished: encoders.len(),
             encoders,
+            framer,
             usage: Usage::default(),
             queue,
             keep_alive: Box::pin(tokio::time::sleep(keep_alive)),
@@ -71,17 +110,17 @@ impl SseStream {
             GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
                 let info = TokenInfo { token, model, logprob, top_logprobs };
                 let chunks = encoder.token(info, &text);
-                self.queue.extend(chunks.iter().map(data_frame));
+                self.queue.extend(chunks.iter().flat_map(|c| self.framer.chunk(c)));
             }
             GenerationEvent::Finished { reason, usage, text, .. } => {
                 let chunks = encoder.finished(reason, &text);
-                self.queue.extend(chunks.iter().map(data_frame));
+                self.queue.extend(chunks.iter().flat_map(|c| self.framer.chunk(c)));
                 add_choice_usage(&mut self.usage, &usage);
                 self.unfinished -= 1;
                 if self.unfinished == 0 {
-                    if let Some(chunk) = self.encoders[0].usage_chunk(&self.usage) {
-                        self.queue.push_back(data_frame(&chunk));
-                    }
+                    let usage_chunk = self.encoders[0].usage_chunk(&self.usage);
+                    let frames = self.framer.finished(&self.usage, usage_chunk);
+                    self.queue.extend(frames);
                     self.end();
                 }
             }
@@ -93,18 +132,20 @@ impl SseStream {
     /// An error after the response began: it goes inside the stream.
     fn fail(&mut self, error: ApiError) {
         tracing::warn!(%error, "stream ended with an error");
-        self.queue.push_back(data_frame(&error.envelope()));
+        let frames = self.framer.error(&error);
+        self.queue.extend(frames);
         self.end();
     }
 
     fn end(&mut self) {
         self.events = None;
         self.permit = None;
-        self.queue.push_back(Bytes::from_static(DONE));
+        let frames = self.framer.end();
+        self.queue.extend(frames);
     }
 }
 
-fn data_frame(value: &Value) -> Bytes {
+pub fn data_frame(value: &Value) -> Bytes {
     Bytes::from(json_data_event(value))
 }
 
