@@ -88,7 +88,7 @@ impl ApiError {
     }
 
     /// When a client should try again (`Retry-After`), for errors that pass.
-    pub(crate) fn retry_after_s(&self) -> Option<u64> {
+    fn retry_after_s(&self) -> Option<u64> {
         match self {
             ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
             ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_S),
@@ -102,6 +102,19 @@ impl ApiError {
             ApiError::UnknownModel(_) => Some("model"),
             _ => None,
         }
+    }
+
+    /// The error's response with `body` (OpenAI's envelope, or another API's): its
+    /// status, `Retry-After` where it passes, and internal errors logged.
+    pub(crate) fn response_with(&self, body: Value) -> HttpResponse {
+        if let ApiError::Internal(m) = self {
+            tracing::error!(message = %m, "request failed");
+        }
+        let mut response = HttpResponse::build(self.status());
+        if let Some(seconds) = self.retry_after_s() {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds.to_string()));
+        }
+        response.json(body)
     }
 
     /// `{"error": {...}}`, the body of an error response and of an SSE error event.
@@ -146,14 +159,7 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let ApiError::Internal(m) = self {
-            tracing::error!(message = %m, "request failed");
-        }
-        let mut response = HttpResponse::build(self.status());
-        if let Some(seconds) = self.retry_after_s() {
-            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds.to_string()));
-        }
-        response.json(self.envelope())
+        self.response_with(self.envelope())
     }
 }
 

@@ -10,7 +10,6 @@ mod response;
 mod tests;
 
 use actix_web::dev::Payload;
-use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 use serde_json::{json, Value};
 
@@ -45,14 +44,7 @@ impl ResponseError for AnthropicError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let ApiError::Internal(m) = &self.0 {
-            tracing::error!(message = %m, "request failed");
-        }
-        let mut response = HttpResponse::build(self.0.status());
-        if let Some(seconds) = self.0.retry_after_s() {
-            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
-        }
-        response.json(error_envelope(&self.0))
+        self.0.response_with(error_envelope(&self.0))
     }
 }
 

@@ -102,19 +102,24 @@ fn bad(message: impl Into<String>, param: &str) -> ApiError {
 
 /// `system`: a string, or text blocks (joined by blank lines).
 fn system_messages(system: Option<&Value>) -> Result<Vec<Value>, ApiError> {
-    let text = match system {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => {
-            let mut parts = Vec::new();
-            for (j, block) in blocks.iter().enumerate() {
-                parts.push(text_of_block(block, &format!("system[{j}]"))?);
-            }
-            parts.join("\n\n")
+    match system {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(value) => Ok(vec![json!({ "role": "system", "content": string_or_texts(value, "system", "\n\n")? })]),
+    }
+}
+
+/// A field that is a string or an array of text blocks, as one string (the blocks
+/// joined by `separator`); `path` names the field in errors.
+fn string_or_texts(value: &Value, path: &str, separator: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let texts: Result<Vec<String>, ApiError> =
+                blocks.iter().enumerate().map(|(j, block)| text_of_block(block, &format!("{path}[{j}]"))).collect();
+            Ok(texts?.join(separator))
         }
-        Some(_) => return Err(bad("`system` must be a string or an array of text blocks", "system")),
-    };
-    Ok(vec![json!({ "role": "system", "content": text })])
+        _ => Err(bad(format!("`{path}` must be a string or an array of text blocks"), path)),
+    }
 }
 
 /// A `text` block's text (its `cache_control` is a hint: prefixes are cached anyway).
@@ -199,15 +204,7 @@ fn tool_message(block: &Value, at: &str) -> Result<Value, ApiError> {
         .ok_or_else(|| bad("a tool_result block needs a `tool_use_id`", &format!("{at}.tool_use_id")))?;
     let content = match block.get("content") {
         None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::new();
-            for (k, part) in parts.iter().enumerate() {
-                texts.push(text_of_block(part, &format!("{at}.content[{k}]"))?);
-            }
-            texts.join("\n")
-        }
-        Some(_) => return Err(bad("`content` must be a string or text blocks", &format!("{at}.content"))),
+        Some(content) => string_or_texts(content, &format!("{at}.content"), "\n")?,
     };
     let content = if block.get("is_error").and_then(Value::as_bool) == Some(true) {
         format!("Error: {content}")
