@@ -52,6 +52,9 @@ pub struct ReplanSection {
     pub margin: f64,
     #[serde(default = "defaults::replan_min_steps")]
     pub min_steps: u64,
+    /// Windows in a row that must call for the same thresholds before a switch.
+    #[serde(default = "defaults::replan_confirmations")]
+    pub confirmations: u32,
     /// Plan a table per N at start-up from the models' costs.
     #[serde(default = "defaults::startup_profile")]
     pub plan_at_start: bool,
@@ -63,6 +66,7 @@ impl Default for ReplanSection {
             interval_s: defaults::replan_interval_s(),
             margin: defaults::replan_margin(),
             min_steps: defaults::replan_min_steps(),
+            confirmations: defaults::replan_confirmations(),
             plan_at_start: true,
         }
     }
@@ -171,6 +175,10 @@ mod defaults {
 
     pub fn replan_min_steps() -> u64 {
         ReplanConfig::default().min_steps
+    }
+
+    pub fn replan_confirmations() -> u32 {
+        ReplanConfig::default().confirmations
     }
 
     pub fn startup_profile() -> bool {

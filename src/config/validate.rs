@@ -149,6 +149,9 @@ impl ServerConfig {
             if !(replan.margin >= 0.0 && replan.margin.is_finite()) {
                 p.push("scheduler.replan.margin", format!("must be a non-negative fraction, got {}", replan.margin));
             }
+            if replan.confirmations == 0 {
+                p.push("scheduler.replan.confirmations", "must be at least 1 (windows in a row before a switch)");
+            }
         }
     }
 
@@ -165,6 +168,7 @@ impl ServerConfig {
             interval: Duration::from_secs_f64(section.interval_s.max(0.1)),
             margin: section.margin,
             min_steps: section.min_steps,
+            confirmations: section.confirmations,
             max_batch: self.scheduler.max_batch_rows,
             entry_model: 0,
             plan_at_start: section.plan_at_start && self.scheduler.thresholds.is_empty(),

@@ -529,6 +529,7 @@ fn stats() -> Value {
                     "replanning": { "type": "boolean" },
                     "startup": { "type": "object", "nullable": true, "description": "The start-up table: delegation prior and (N, thresholds, predicted tok/s) rows." },
                     "last_replan": { "type": "object", "nullable": true, "description": "The last switch: N, from, to, predictions, measured routing and tokens per row." },
+                    "pending": { "type": "object", "nullable": true, "description": "Better thresholds the last windows agreed on (`to`, `windows`), waiting for `scheduler.replan.confirmations` in a row." },
                     "planned": { "type": "object", "description": "Thresholds planned per N." },
                 },
             },

@@ -22,7 +22,7 @@ mod tests;
 
 pub use latency::LatencyTable;
 pub use observed::input_from_stats;
-pub use replan::{PlannerStatus, Replan, ReplanConfig, Replanner, RuleSource};
+pub use replan::{PendingSwitch, PlannerStatus, Replan, ReplanConfig, Replanner, RuleSource};
 pub use search::{feasible_thresholds, plan_table, search, search_with, Candidate, Plan, SearchOptions};
 pub use solve::Prediction;
 pub use startup::{

@@ -19,6 +19,10 @@ pub struct ReplanConfig {
     pub margin: f64,
     /// Steps (all models together) a window needs before it is trusted.
     pub min_steps: u64,
+    /// Consecutive windows that must pick the same better thresholds before a switch:
+    /// one window's estimate can be far off (a burst of prefills, a client's pause), and
+    /// a switch on it alone flaps between windows.
+    pub confirmations: u32,
     /// The engine's max batch rows.
     pub max_batch: usize,
     /// Where requests start (the small model of a delegating policy).
@@ -34,6 +38,7 @@ impl Default for ReplanConfig {
             interval: Duration::from_secs(5),
             margin: 0.05,
             min_steps: 50,
+            confirmations: 2,
             max_batch: 64,
             entry_model: 0,
             plan_at_start: true,
@@ -69,6 +74,13 @@ pub enum RuleSource {
     Replanned,
 }
 
+/// A switch the last windows called for, not yet made.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingSwitch {
+    pub to: Vec<usize>,
+    pub windows: u32,
+}
+
 /// What the planner did and why, for `/v1/stats` and the dashboard.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlannerStatus {
@@ -76,6 +88,8 @@ pub struct PlannerStatus {
     pub replanning: bool,
     pub startup: Option<StartupPlan>,
     pub last_replan: Option<Replan>,
+    /// Better thresholds some windows agreed on, waiting for `confirmations` in a row.
+    pub pending: Option<PendingSwitch>,
     /// Thresholds planned per N (start-up and re-planned).
     pub planned: BTreeMap<usize, Vec<usize>>,
 }
@@ -92,6 +106,8 @@ pub struct Replanner {
     source: RuleSource,
     startup: Option<StartupPlan>,
     last: Option<Replan>,
+    /// The better thresholds the last windows agreed on, and how many windows did.
+    pending: Option<(Vec<usize>, u32)>,
 }
 
 impl Replanner {
@@ -105,6 +121,7 @@ impl Replanner {
             source: RuleSource::Configured,
             startup: None,
             last: None,
+            pending: None,
         }
     }
 
@@ -135,6 +152,7 @@ impl Replanner {
             replanning: self.source != RuleSource::Hand,
             startup: self.startup.clone(),
             last_replan: self.last.clone(),
+            pending: self.pending.clone().map(|(to, windows)| PendingSwitch { to, windows }),
             planned: self.planned.clone(),
         }
     }
@@ -152,6 +170,7 @@ impl Replanner {
     pub fn set_rule(&mut self, rule: BatchingRule) {
         self.rule = rule;
         self.planned.clear();
+        self.pending = None;
         self.source = RuleSource::Hand;
     }
 
@@ -179,6 +198,10 @@ impl Replanner {
         if best.thresholds == current
             || best.prediction.tokens_per_sec <= now.tokens_per_sec * (1.0 + self.config.margin)
         {
+            self.pending = None;
+            return Ok(None);
+        }
+        if !self.confirmed(&best.thresholds) {
             return Ok(None);
         }
         self.planned.insert(active, best.thresholds.clone());
@@ -195,6 +218,21 @@ impl Replanner {
         };
         self.last = Some(replan.clone());
         Ok(Some(replan))
+    }
+
+    /// Counts this window's vote for `thresholds`; true once enough windows in a row
+    /// agreed (the count then starts over).
+    fn confirmed(&mut self, thresholds: &[usize]) -> bool {
+        let votes = match &self.pending {
+            Some((pending, votes)) if pending == thresholds => votes + 1,
+            _ => 1,
+        };
+        if votes >= self.config.confirmations.max(1) {
+            self.pending = None;
+            return true;
+        }
+        self.pending = Some((thresholds.to_vec(), votes));
+        false
     }
 
     /// A table per model with an entry for every N up to past the last planned or
@@ -242,16 +280,54 @@ mod tests {
     fn switches_when_the_gain_clears_the_margin_and_keeps_other_n() {
         let mut replanner = Replanner::new(ReplanConfig::default(), BatchingRule::fixed(&[1, 1]));
         assert_eq!(replanner.observe(&served(1), 6).unwrap(), None, "the first look only sets the window start");
-        let replan = replanner.observe(&served(2), 6).unwrap().expect("batching the large model pays");
+        assert_eq!(replanner.observe(&served(2), 6).unwrap(), None, "one window calls for a switch, none is made");
+        let pending = replanner.status().pending.expect("the switch waits for a second window");
+        assert_eq!((pending.windows, replanner.rule().effective(6)), (1, vec![1, 1]));
+        let replan = replanner.observe(&served(3), 6).unwrap().expect("batching the large model pays");
         assert_eq!(replan.from, vec![1, 1]);
+        assert_eq!(replan.to, pending.to);
         assert!(replan.to[1] > 1, "{replan:?}");
         assert!(replan.predicted_to > replan.predicted_from * 1.05);
         assert_eq!(replanner.rule().effective(6), replan.to);
         assert_eq!(replanner.rule().effective(5), vec![1, 1]);
         assert_eq!(replanner.rule().effective(40), vec![1, 1]);
+        assert_eq!(replanner.status().pending, None);
         replanner.rule().validate(2).unwrap();
         // The same traffic again: nothing better to switch to.
-        assert_eq!(replanner.observe(&served(3), 6).unwrap(), None);
+        assert_eq!(replanner.observe(&served(4), 6).unwrap(), None);
+    }
+
+    #[test]
+    fn windows_that_disagree_switch_nothing() {
+        let costs = [
+            LatencyTable::from_points([(1, 2.0), (64, 2.5), (512, 8.0)]).unwrap(),
+            LatencyTable::from_points([(1, 20.0), (64, 22.0), (512, 60.0)]).unwrap(),
+        ];
+        let n = 8;
+        let best = |p: f64| {
+            let input = input_from_stats(&window_at(p, &costs), &[], 0, 64).unwrap().with_online_delta();
+            search(&input, n).unwrap().best.thresholds
+        };
+        let (one, other) = (0.05, 0.5);
+        assert_ne!(best(one), best(other));
+        let start = BatchingRule::fixed(&[1, 8]);
+        assert!(best(one) != vec![1, 8] && best(other) != vec![1, 8], "{:?} {:?}", best(one), best(other));
+        let mut replanner = Replanner::new(ReplanConfig { margin: 0.0, ..Default::default() }, start.clone());
+        let mut served = vec![SubserverStats::default(), SubserverStats::default()];
+        replanner.observe(&served, n).unwrap();
+        // Windows alternate between two rates: each calls for different thresholds,
+        // never two in a row for the same, so the rule never moves.
+        for i in 0..6 {
+            let p = if i % 2 == 0 { one } else { other };
+            served = served.iter().zip(window_at(p, &costs)).map(|(total, w)| total.plus(&w)).collect();
+            assert_eq!(replanner.observe(&served, n).unwrap(), None, "window {i}");
+            assert_eq!(replanner.status().pending.map(|p| p.windows), Some(1));
+        }
+        assert_eq!(replanner.rule(), &start);
+        // One more window at the last rate: two in a row agree, and it switches.
+        served = served.iter().zip(window_at(other, &costs)).map(|(total, w)| total.plus(&w)).collect();
+        let replan = replanner.observe(&served, n).unwrap().expect("two agreeing windows");
+        assert_eq!(replan.to, best(other));
     }
 
     #[test]
@@ -270,12 +346,13 @@ mod tests {
     fn a_rule_set_by_hand_replaces_what_was_learned() {
         let mut replanner = Replanner::new(ReplanConfig::default(), BatchingRule::fixed(&[1, 1]));
         replanner.observe(&served(1), 6).unwrap();
-        replanner.observe(&served(2), 6).unwrap().unwrap();
+        replanner.observe(&served(2), 6).unwrap();
+        replanner.observe(&served(3), 6).unwrap().unwrap();
         replanner.set_rule(BatchingRule::fixed(&[2, 1]));
         assert_eq!(replanner.rule().effective(6), vec![2, 1]);
         // Hand thresholds win: the same traffic that moved them before moves nothing now.
-        replanner.observe(&served(3), 6).unwrap();
-        assert_eq!(replanner.observe(&served(4), 6).unwrap(), None);
+        replanner.observe(&served(4), 6).unwrap();
+        assert_eq!(replanner.observe(&served(5), 6).unwrap(), None);
         assert_eq!(replanner.status().source, RuleSource::Hand);
         assert!(!replanner.status().replanning);
     }
@@ -332,7 +409,9 @@ mod tests {
             look(&mut replanner, before);
         }
         assert_eq!(replanner.rule().effective(n), best(before));
-        // The policy now delegates ten times as often: the next window moves the rule.
+        // The policy now delegates ten times as often: the second window at the new rate
+        // moves the rule.
+        assert_eq!(look(&mut replanner, after), None, "one window is not enough");
         let replan = look(&mut replanner, after).expect("a switch after the rate changed");
         assert_eq!((replan.from.clone(), replan.to.clone()), (best(before), best(after)));
         assert!((replan.route[0][1] - after).abs() < 1e-9, "{replan:?}");
