@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use crate::http_support::{test_limits, TestServer};
+use crate::http_support::{named_events, test_limits, TestServer};
 
 /// A server whose routing draws nothing (Anthropic's API has no seed): greedy output
 /// is the same on every request.
@@ -24,18 +24,6 @@ fn message_body(content: &str, max_tokens: usize) -> Value {
         "messages": [{ "role": "user", "content": content }],
         "temperature": 0,
     })
-}
-
-/// `(event name, data)` of each frame of an Anthropic stream.
-fn events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|frame| !frame.trim().is_empty() && !frame.starts_with(':'))
-        .map(|frame| {
-            let name = frame.lines().find_map(|l| l.strip_prefix("event: ")).expect("a named event");
-            let data = frame.lines().find_map(|l| l.strip_prefix("data: ")).expect("data");
-            (name.to_string(), serde_json::from_str(data).unwrap())
-        })
-        .collect()
 }
 
 fn weather_tool() -> Value {
@@ -86,7 +74,7 @@ async fn a_stream_is_anthropics_event_sequence_with_the_text_of_the_message() {
     body["stream"] = json!(true);
     let response = s.post("/v1/messages", &body).await;
     assert_eq!(response.status(), 200);
-    let frames = events(&response.text().await.unwrap());
+    let frames = named_events(&response.text().await.unwrap());
     let names: Vec<&str> = frames.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names.first(), Some(&"message_start"), "{names:?}");
     assert_eq!(&names[names.len() - 2..], ["message_delta", "message_stop"], "{names:?}");
@@ -126,7 +114,7 @@ async fn a_forced_tool_is_one_tool_use_block_whole_and_streamed() {
     assert!(calls[0]["id"].as_str().unwrap().starts_with("toolu_"), "{message}");
 
     body["stream"] = json!(true);
-    let frames = events(&s.post("/v1/messages", &body).await.text().await.unwrap());
+    let frames = named_events(&s.post("/v1/messages", &body).await.text().await.unwrap());
     let start = frames.iter().find(|(n, d)| n == "content_block_start" && d["content_block"]["type"] == "tool_use");
     let (_, start) = start.expect("a tool_use block");
     let index = &start["index"];

@@ -153,6 +153,24 @@ fn the_official_anthropic_client_gets_messages_streams_and_tool_use() {
     }
 }
 
+/// `responses.create`, `responses.stream`, `responses.parse` into a Pydantic model, a
+/// function call round trip through `previous_response_id`, retrieve and delete.
+#[test]
+fn the_official_openai_client_speaks_the_responses_api() {
+    let Some(stdout) = run_python_example("responses_client.py", "openai, pydantic") else { return };
+    for line in [
+        "response:",
+        "streamed",
+        "parsed: City(",
+        "tool call: get_weather(",
+        "round trip:",
+        "retrieved and deleted:",
+        "refused by name:",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+}
+
 #[test]
 fn curl_example_streams_sse_with_routing_trace() {
     let Some(_) = tool("CURL", "curl", false) else { return };

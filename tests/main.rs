@@ -25,5 +25,6 @@ mod plan;
 mod pools;
 mod prefix_cache;
 mod reliability;
+mod responses;
 mod smollm2;
 mod sweep;

@@ -139,6 +139,7 @@ pub async fn start(
         max_tokens_limit: config.max_tokens_limit(generator.max_context()),
         shutdown_grace: Duration::from_secs(config.server.shutdown_grace_secs),
         request: config.server.request_limits(),
+        responses: config.server.responses.limits(),
         ..Limits::default()
     };
     let resolver = CatalogResolver(Arc::new(prepared.catalog));

@@ -9,7 +9,7 @@ use tokenrouter_actors::tls::{self, CertificateFiles, TlsAcceptor};
 use tokenrouter_core::model::{BackendKind, DeviceSpec, KvDtype, WeightDtype};
 
 use super::error::ConfigError;
-use crate::http::RequestLimits;
+use crate::http::{RequestLimits, ResponseStoreLimits};
 
 /// One model: a Hugging Face folder (`path`) or a random-weight `preset` made in the cache.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -238,6 +238,59 @@ pub struct ServerSection {
     /// Serve HTTPS with this certificate; absent: plain HTTP.
     #[serde(default)]
     pub tls: Option<ServerTlsSection>,
+    /// Bounds on the responses kept for `previous_response_id`.
+    #[serde(default)]
+    pub responses: ResponsesSection,
+}
+
+/// `server.responses`: what the Responses API keeps, per server (all keys together).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponsesSection {
+    #[serde(default = "defaults_responses::max_entries")]
+    pub max_entries: usize,
+    /// Prompt and output tokens of all kept responses together.
+    #[serde(default = "defaults_responses::max_tokens")]
+    pub max_tokens: usize,
+    /// A kept response is forgotten this long after it was made.
+    #[serde(default = "defaults_responses::ttl_s")]
+    pub ttl_s: u64,
+}
+
+impl Default for ResponsesSection {
+    fn default() -> Self {
+        ResponsesSection {
+            max_entries: defaults_responses::max_entries(),
+            max_tokens: defaults_responses::max_tokens(),
+            ttl_s: defaults_responses::ttl_s(),
+        }
+    }
+}
+
+impl ResponsesSection {
+    pub fn limits(&self) -> ResponseStoreLimits {
+        ResponseStoreLimits {
+            max_entries: self.max_entries,
+            max_tokens: self.max_tokens,
+            ttl: std::time::Duration::from_secs(self.ttl_s),
+        }
+    }
+}
+
+mod defaults_responses {
+    use crate::http::ResponseStoreLimits;
+
+    pub fn max_entries() -> usize {
+        ResponseStoreLimits::default().max_entries
+    }
+
+    pub fn max_tokens() -> usize {
+        ResponseStoreLimits::default().max_tokens
+    }
+
+    pub fn ttl_s() -> u64 {
+        ResponseStoreLimits::default().ttl.as_secs()
+    }
 }
 
 /// `server.tls`: the certificate the server presents, as PEM files.
@@ -279,6 +332,7 @@ impl Default for ServerSection {
             max_tools: None,
             max_tool_schema_bytes: None,
             tls: None,
+            responses: ResponsesSection::default(),
         }
     }
 }

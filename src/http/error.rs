@@ -31,6 +31,8 @@ pub enum ApiError {
     UnknownModel(String),
     /// 404: no such route.
     UnknownRoute(String),
+    /// 404: a kept object (a stored response) that is not there for this key.
+    NotFound { message: String, param: Option<String>, code: &'static str },
     /// 413: the body is larger than the configured limit.
     PayloadTooLarge { limit: usize },
     /// 429: the admission queue is full.
@@ -57,7 +59,7 @@ impl ApiError {
             ApiError::BadRequest { .. } | ApiError::MalformedRequest => StatusCode::BAD_REQUEST,
             ApiError::RequestHeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) | ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown | ApiError::Overloaded { .. } | ApiError::Unavailable(_) => {
@@ -77,6 +79,7 @@ impl ApiError {
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::UnknownRoute(_) => ("invalid_request_error", Some("not_found")),
+            ApiError::NotFound { code, .. } => ("invalid_request_error", Some(*code)),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
             ApiError::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
             ApiError::ShuttingDown => ("service_unavailable_error", Some("shutting_down")),
@@ -98,7 +101,7 @@ impl ApiError {
 
     pub fn param(&self) -> Option<&str> {
         match self {
-            ApiError::BadRequest { param, .. } => param.as_deref(),
+            ApiError::BadRequest { param, .. } | ApiError::NotFound { param, .. } => param.as_deref(),
             ApiError::UnknownModel(_) => Some("model"),
             _ => None,
         }
@@ -136,6 +139,7 @@ impl fmt::Display for ApiError {
             ApiError::Unauthorized => f.write_str("invalid or missing API key: send `Authorization: Bearer <key>`"),
             ApiError::UnknownModel(m) => write!(f, "the model `{m}` does not exist; see GET /v1/models"),
             ApiError::UnknownRoute(p) => write!(f, "no route {p}"),
+            ApiError::NotFound { message, .. } => f.write_str(message),
             ApiError::PayloadTooLarge { limit } => {
                 write!(f, "the request body is larger than the limit of {limit} bytes")
             }

@@ -21,7 +21,11 @@ fn state(req: &HttpRequest) -> Result<&AppState, ApiError> {
 }
 
 /// Present in a handler's arguments (before the body) when the route needs a key.
-pub struct Authorized;
+/// `owner` is the key's SHA-256 digest (all zeros where the server takes no keys): what
+/// a request keeps (a stored response) belongs to it.
+pub struct Authorized {
+    pub owner: [u8; 32],
+}
 
 impl FromRequest for Authorized {
     type Error = ApiError;
@@ -36,7 +40,7 @@ const API_KEY_HEADER: &str = "x-api-key";
 
 fn check_key(req: &HttpRequest, keys: &[String]) -> Result<Authorized, ApiError> {
     if keys.is_empty() {
-        return Ok(Authorized);
+        return Ok(Authorized { owner: [0; 32] });
     }
     let bearer = req
         .headers()
@@ -45,19 +49,18 @@ fn check_key(req: &HttpRequest, keys: &[String]) -> Result<Authorized, ApiError>
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
     // Anthropic's SDKs send the key in `x-api-key`.
     let given = bearer.or_else(|| req.headers().get(API_KEY_HEADER).and_then(|v| v.to_str().ok())).map(str::trim);
-    match given {
-        Some(given) if matches_any_key(given, keys) => Ok(Authorized),
+    let digest = given.map(|given| Sha256::digest(given.as_bytes()));
+    match digest {
+        Some(digest) if matches_any_key(&digest, keys) => Ok(Authorized { owner: digest.into() }),
         _ => Err(ApiError::Unauthorized),
     }
 }
 
 /// Compares fixed-size digests in constant time, against every key, so that timing
 /// tells neither how much of a key matched, nor its length, nor which key it was.
-fn matches_any_key(given: &str, keys: &[String]) -> bool {
-    let given = Sha256::digest(given.as_bytes());
-    let hit = keys
-        .iter()
-        .fold(Choice::from(0), |hit, key| hit | Sha256::digest(key.as_bytes()).as_slice().ct_eq(given.as_slice()));
+fn matches_any_key(given: &[u8], keys: &[String]) -> bool {
+    let hit =
+        keys.iter().fold(Choice::from(0), |hit, key| hit | Sha256::digest(key.as_bytes()).as_slice().ct_eq(given));
     hit.into()
 }
 
@@ -173,6 +176,7 @@ mod tests {
     #[test]
     fn keys_must_match_one_key_in_full() {
         let keys = ["secret".to_string(), "other-key".to_string()];
+        let matches_any_key = |given: &str, keys: &[String]| matches_any_key(&Sha256::digest(given.as_bytes()), keys);
         assert!(matches_any_key("secret", &keys));
         assert!(matches_any_key("other-key", &keys));
         for wrong in ["secre", "secreT", "secret ", "other", "", "secretother-key"] {

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP layer (actix-web): `POST /v1/chat/completions` and
-//! `POST /v1/completions` (JSON or SSE), Anthropic's `POST /v1/messages` (and
+//! `POST /v1/completions` (JSON or SSE), the Responses API (`POST /v1/responses`,
+//! `GET`/`DELETE /v1/responses/{id}`), Anthropic's `POST /v1/messages` (and
 //! `/v1/messages/count_tokens`), `GET /v1/models`, `GET /health`,
 //! `GET /metrics` (Prometheus), `GET /v1/stats` (JSON for the dashboard) and
 //! `GET /openapi.json` (an OpenAPI description of all of these).
@@ -26,6 +27,7 @@ mod openapi;
 mod parse_errors;
 mod request;
 mod response;
+pub mod responses;
 mod routing;
 mod server;
 mod sse;
@@ -43,6 +45,7 @@ pub use generator::{EngineStats, EventStream, Generator};
 pub use metrics::install_metrics_recorder;
 pub use openapi::document as openapi_document;
 pub use request::{Endpoint, OpenAiRequest};
+pub use responses::store::{ResponseStore, StoreLimits as ResponseStoreLimits};
 pub use routing::{DefaultPolicyOnly, PolicyResolver, RoutingRequest};
 pub use server::{run_server, RunningServer};
 pub use state::{AppState, Limits, RequestLimits};
@@ -52,6 +55,9 @@ pub use state::{AppState, Limits, RequestLimits};
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/chat/completions", web::post().to(handlers::chat_completions))
         .route("/v1/completions", web::post().to(handlers::completions))
+        .route("/v1/responses", web::post().to(responses::create))
+        .route("/v1/responses/{id}", web::get().to(responses::get))
+        .route("/v1/responses/{id}", web::delete().to(responses::delete))
         .route("/v1/messages", web::post().to(anthropic::messages))
         .route("/v1/messages/count_tokens", web::post().to(anthropic::count_tokens))
         .route("/v1/models", web::get().to(info::models))

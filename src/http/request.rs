@@ -191,7 +191,8 @@ impl OpenAiRequest {
         fields::check_template_kwargs(self.chat_template_kwargs.as_ref())?;
         let vocab = state.engine.vocab_size();
         let logit_bias = fields::logit_bias_of(self.logit_bias.as_ref(), vocab)?;
-        let stop = self.stop_strings(limits)?;
+        let mut stop = self.stop_strings(limits)?;
+        stop.extend(tools.as_ref().and_then(|t| t.stop_after_call).map(str::to_string));
         let stop_ids = self.stop_token_ids(limits, vocab)?;
         self.check_session_id(limits)?;
         let model = state.check_model(self.model.as_deref())?;

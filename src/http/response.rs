@@ -147,6 +147,15 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
+/// What the tool-call parser still holds when a choice ends: a call cut off by the
+/// budget is dropped.
+fn finish_parser(parser: &mut ToolCallParser, reason: FinishReason) -> Vec<ParsedPiece> {
+    match reason {
+        FinishReason::Length => parser.finish_cut(),
+        FinishReason::Stop => parser.finish(),
+    }
+}
+
 /// A choice that ended by itself after calling tools ends with `tool_calls`, as
 /// OpenAI's do; one cut by the budget still says `length`.
 fn choice_finish_reason(reason: FinishReason, calls: usize) -> &'static str {
@@ -212,7 +221,7 @@ impl StreamEncoder {
         let mut out = match self.tools.as_mut() {
             Some(parser) => {
                 let mut pieces = parser.push(tail);
-                pieces.extend(parser.finish());
+                pieces.extend(finish_parser(parser, reason));
                 self.piece_chunks(pieces)
             }
             None if !tail.is_empty() => vec![self.content_chunk(tail)],
@@ -320,7 +329,7 @@ impl Collected {
         self.text.push_str(tail);
         let s = &self.shape;
         let (message, calls) = match s.tool_parser() {
-            Some(parser) => self.message_with_calls(parser),
+            Some(parser) => self.message_with_calls(parser, reason),
             None => (json!({ "role": "assistant", "content": self.text }), 0),
         };
         let mut choice = match s.endpoint {
@@ -345,9 +354,9 @@ impl Collected {
 impl Collected {
     /// The assistant message with the calls read out of its text: `content` is null
     /// when only calls were written, as OpenAI's is.
-    fn message_with_calls(&self, mut parser: ToolCallParser) -> (Value, usize) {
+    fn message_with_calls(&self, mut parser: ToolCallParser, reason: FinishReason) -> (Value, usize) {
         let mut pieces = parser.push(&self.text);
-        pieces.extend(parser.finish());
+        pieces.extend(finish_parser(&mut parser, reason));
         let mut content = String::new();
         let mut calls = Vec::new();
         for piece in pieces {

@@ -64,6 +64,30 @@ impl Framer for OpenAiFramer {
     }
 }
 
+/// One chat chunk's parts, as a framer of another protocol re-frames them.
+pub struct ChunkParts<'a> {
+    /// Text to write: the delta's, or `""` for a token that wrote no text but carries
+    /// its routing trace while a text block is open.
+    pub text: Option<&'a str>,
+    pub routing: Option<&'a Value>,
+    pub calls: Vec<&'a Value>,
+    pub finish: Option<&'a str>,
+}
+
+/// The parts of one chunk (one choice); `text_open`: the framer is writing text now.
+pub fn chunk_parts(chunk: &Value, text_open: bool) -> ChunkParts<'_> {
+    let choice = &chunk["choices"][0];
+    let delta = &choice["delta"];
+    let routing = chunk.get("routing");
+    let text = match delta["content"].as_str() {
+        Some(text) if !text.is_empty() => Some(text),
+        Some(_) if routing.is_some() && text_open => Some(""),
+        _ => None,
+    };
+    let calls = delta["tool_calls"].as_array().map(|calls| calls.iter().collect()).unwrap_or_default();
+    ChunkParts { text, routing, calls, finish: choice["finish_reason"].as_str() }
+}
+
 pub struct SseStream {
     /// `None` once the request ended (dropped at once, not when actix drops the body).
     events: Option<ChoiceEvents>,

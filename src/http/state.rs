@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use sha2::{Digest, Sha256};
 use tokenrouter_actors::tls::TlsAcceptor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 use super::generator::Generator;
+use super::responses::store::{ResponseStore, StoreLimits};
 use super::routing::PolicyResolver;
 
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub struct Limits {
     pub workers: Option<usize>,
     /// Bounds on the request fields whose size the client chooses.
     pub request: RequestLimits,
+    /// Bounds on the responses kept for `previous_response_id` (`server.responses`).
+    pub responses: StoreLimits,
 }
 
 /// Bounds on user-sized request fields, each refused with a 400 naming the field.
@@ -95,6 +99,7 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             workers: None,
             request: RequestLimits::default(),
+            responses: StoreLimits::default(),
         }
     }
 }
@@ -119,6 +124,10 @@ pub struct AppState {
     pub history: Arc<super::history::StatsHistory>,
     /// Connections are TLS with this (config `server.tls`); `None`: plain HTTP.
     pub tls: Option<TlsAcceptor>,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: Arc<ResponseStore>,
+    /// Secret bytes that make stored ids unguessable.
+    id_secret: Arc<[u8; 32]>,
     admission: Arc<Semaphore>,
     shutting_down: Arc<AtomicBool>,
     next_id: Arc<AtomicU64>,
@@ -130,6 +139,7 @@ impl AppState {
     pub fn new(engine: Arc<dyn Generator>, policies: Arc<dyn PolicyResolver>) -> Self {
         let served_model = engine.model_names().first().cloned().unwrap_or_else(|| "tokenrouter".into());
         let limits = Limits::default();
+        let responses = Arc::new(ResponseStore::new(limits.responses.clone()));
         AppState {
             engine,
             policies,
@@ -142,6 +152,8 @@ impl AppState {
             fault_injection: false,
             history: Arc::default(),
             tls: None,
+            responses,
+            id_secret: Arc::new(random_secret()),
             shutting_down: Arc::new(AtomicBool::new(false)),
             next_id: Arc::new(AtomicU64::new(1)),
         }
@@ -149,6 +161,7 @@ impl AppState {
 
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.admission = Arc::new(Semaphore::new(limits.max_queued_requests));
+        self.responses = Arc::new(ResponseStore::new(limits.responses.clone()));
         self.limits = limits;
         self
     }
@@ -227,6 +240,29 @@ impl AppState {
     pub fn next_response_id(&self) -> String {
         format!("{:x}{:08x}", self.created, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// An id for a kept object (`resp_…`): 24 hex digits no client can guess, so an
+    /// id seen by one client tells nothing of another's.
+    pub fn new_stored_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let digest = Sha256::new().chain_update(*self.id_secret).chain_update(n.to_le_bytes()).finalize();
+        let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+        format!("{prefix}_{hex}")
+    }
+}
+
+/// 32 bytes from the kernel's generator; the clock and the process id where it cannot
+/// be read (ids then stay unique, if not secret).
+fn random_secret() -> [u8; 32] {
+    use std::io::Read;
+    let mut secret = [0u8; 32];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut secret));
+    if read.is_err() {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let seed = Sha256::new().chain_update(nanos.to_le_bytes()).chain_update(std::process::id().to_le_bytes());
+        secret.copy_from_slice(&seed.finalize());
+    }
+    secret
 }
 
 pub(crate) fn unix_now() -> u64 {

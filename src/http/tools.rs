@@ -20,6 +20,9 @@ pub struct ToolPlan {
     pub parse: Option<ToolSyntax>,
     /// The grammar that forces a call (`required` or a named function).
     pub grammar: Option<GrammarSpec>,
+    /// A stop string that ends the output after its first call (`parallel_tool_calls:
+    /// false` where no grammar bounds the calls).
+    pub stop_after_call: Option<&'static str>,
 }
 
 /// The request's fields as sent.
@@ -53,10 +56,13 @@ impl ToolFields<'_> {
             return Err(bad("this server's models have no chat template to give tools to", "tools"));
         };
         let definitions = self.tools.and_then(Value::as_array).cloned().unwrap_or_default();
-        let parallel = self.parallel_tool_calls.unwrap_or(true);
+        // A named function is one call, as OpenAI's forced function is: a weak model
+        // allowed more repeats the call until its budget runs out.
+        let parallel = self.parallel_tool_calls.unwrap_or(true) && !matches!(choice, ToolChoice::Named(_));
         let grammar = forcing_grammar(syntax, &tools, &choice, parallel).map(GrammarSpec::Lark);
         let parse = (choice != ToolChoice::None).then_some(syntax);
-        Ok(Some(ToolPlan { definitions, parse, grammar }))
+        let stop_after_call = (choice == ToolChoice::Auto && !parallel).then(|| syntax.call_end()).flatten();
+        Ok(Some(ToolPlan { definitions, parse, grammar, stop_after_call }))
     }
 }
 
@@ -187,6 +193,32 @@ mod tests {
         assert!(plan(json!([weather()]), Some(named)).unwrap().unwrap().grammar.is_some());
         assert!(plan(json!([]), None).unwrap().is_none(), "no tools, nothing to do");
         assert_eq!(auto.definitions, [weather()], "the template gets the tools as sent");
+    }
+
+    #[test]
+    fn a_named_function_or_no_parallel_calls_writes_one_call() {
+        let two_calls = |g: &Option<GrammarSpec>| matches!(g, Some(GrammarSpec::Lark(g)) if g.contains("block){0,"));
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let forced = plan(json!([weather()]), Some(named.clone())).unwrap().unwrap();
+        assert!(forced.grammar.is_some() && !two_calls(&forced.grammar), "{:?}", forced.grammar);
+        assert_eq!(forced.stop_after_call, None, "the grammar itself ends after the call");
+        let required = plan(json!([weather()]), Some(json!("required"))).unwrap().unwrap();
+        assert!(two_calls(&required.grammar), "required may call several times: {:?}", required.grammar);
+        let with = |choice: Option<Value>, parallel: Option<bool>| {
+            let tools = json!([weather()]);
+            let fields =
+                ToolFields { tools: Some(&tools), tool_choice: choice.as_ref(), parallel_tool_calls: parallel };
+            fields.plan(Endpoint::Chat, Some(ToolSyntax::Hermes), &RequestLimits::default()).unwrap().unwrap()
+        };
+        let single_required = with(Some(json!("required")), Some(false));
+        assert!(single_required.grammar.is_some() && !two_calls(&single_required.grammar));
+        assert_eq!(with(None, Some(false)).stop_after_call, Some("</tool_call>"));
+        assert_eq!(with(None, Some(true)).stop_after_call, None);
+        assert_eq!(with(None, None).stop_after_call, None);
+        let llama =
+            ToolFields { tools: Some(&json!([weather()])), tool_choice: None, parallel_tool_calls: Some(false) };
+        let llama = llama.plan(Endpoint::Chat, Some(ToolSyntax::LlamaJson), &RequestLimits::default());
+        assert_eq!(llama.unwrap().unwrap().stop_after_call, None, "Llama's answer is one call already");
     }
 
     #[test]

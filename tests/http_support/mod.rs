@@ -223,6 +223,19 @@ pub fn chat(content: &str, max_tokens: usize, seed: u64) -> Value {
 }
 
 /// The `data:` payloads of an SSE body, in order (`[DONE]` included as a string).
+/// `(event name, data)` of each frame of a stream of named events (Anthropic's, the
+/// Responses API's).
+pub fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|frame| !frame.trim().is_empty() && !frame.starts_with(':'))
+        .map(|frame| {
+            let name = frame.lines().find_map(|l| l.strip_prefix("event: ")).expect("a named event");
+            let data = frame.lines().find_map(|l| l.strip_prefix("data: ")).expect("data");
+            (name.to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))

@@ -35,6 +35,15 @@ impl ToolSyntax {
             _ => ToolSyntax::Hermes,
         }
     }
+
+    /// The text that closes one call, where the syntax has one: output stopped there
+    /// holds exactly the calls written so far.
+    pub fn call_end(self) -> Option<&'static str> {
+        match self {
+            ToolSyntax::Hermes => Some("</tool_call>"),
+            ToolSyntax::LlamaJson => None,
+        }
+    }
 }
 
 /// Whether a template renders the `tools` variable itself.

@@ -75,8 +75,18 @@ impl ToolCallParser {
         }
     }
 
-    /// The output ended: whatever is held is read as well as it can be.
+    /// The output ended by itself: whatever is held is read as well as it can be.
     pub fn finish(&mut self) -> Vec<ParsedPiece> {
+        self.finish_with(false)
+    }
+
+    /// The output was cut by its token budget: a call it cut off is dropped, not passed
+    /// on as content (OpenAI reports such a choice as `length` with no partial call).
+    pub fn finish_cut(&mut self) -> Vec<ParsedPiece> {
+        self.finish_with(true)
+    }
+
+    fn finish_with(&mut self, cut: bool) -> Vec<ParsedPiece> {
         let mut out = Vec::new();
         let held = std::mem::take(&mut self.held);
         match self.mode {
@@ -88,6 +98,7 @@ impl ToolCallParser {
             // stopped): a whole call if its body reads as one.
             Mode::Inside => match read_call(&held) {
                 Some(call) => self.call(&mut out, call),
+                None if cut => self.gap.clear(),
                 None => {
                     let text = format!("{}{OPEN}{held}", std::mem::take(&mut self.gap));
                     self.content(&mut out, text)
@@ -95,6 +106,7 @@ impl ToolCallParser {
             },
             Mode::Buffering => match read_llama_calls(&held) {
                 Some(calls) => calls.into_iter().for_each(|call| self.call(&mut out, call)),
+                None if cut && begins_like_a_call(&held) => {}
                 None => self.content(&mut out, held),
             },
         }
@@ -169,6 +181,17 @@ impl ToolCallParser {
 fn read_call(body: &str) -> Option<ToolCall> {
     let value: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
     ToolCall::from_json(&value)
+}
+
+/// Llama: the start of `{"name": ...` (or the python tag), as a call the budget cut off.
+fn begins_like_a_call(held: &str) -> bool {
+    let text = held.trim_start();
+    if text.starts_with(PYTHON_TAG) {
+        return true;
+    }
+    let Some(object) = text.strip_prefix('{') else { return false };
+    let key = object.trim_start();
+    key.is_empty() || "\"name\"".starts_with(key) || key.starts_with("\"name\"")
 }
 
 /// Llama's answer: one call, or several separated by `;`.

@@ -28,15 +28,24 @@ fn merged(pieces: Vec<ParsedPiece>) -> Vec<ParsedPiece> {
 
 /// Parses `output` whole, then cut at every character, and checks both agree.
 fn parse(syntax: ToolSyntax, output: &str) -> Vec<ParsedPiece> {
+    parse_ended(syntax, output, ToolCallParser::finish)
+}
+
+/// As [`parse`], for output the token budget cut.
+fn parse_cut(syntax: ToolSyntax, output: &str) -> Vec<ParsedPiece> {
+    parse_ended(syntax, output, ToolCallParser::finish_cut)
+}
+
+fn parse_ended(syntax: ToolSyntax, output: &str, end: fn(&mut ToolCallParser) -> Vec<ParsedPiece>) -> Vec<ParsedPiece> {
     let mut whole = ToolCallParser::new(syntax);
     let mut pieces = whole.push(output);
-    pieces.extend(whole.finish());
+    pieces.extend(end(&mut whole));
     let mut by_char = ToolCallParser::new(syntax);
     let mut cut = Vec::new();
     for c in output.chars() {
         cut.extend(by_char.push(&c.to_string()));
     }
-    cut.extend(by_char.finish());
+    cut.extend(end(&mut by_char));
     let pieces = merged(pieces);
     assert_eq!(merged(cut), pieces, "cutting {output:?} into characters changed the result");
     pieces
@@ -200,4 +209,26 @@ fn templates_without_tools_get_them_as_hermes_instructions() {
     let mut pieces = parser.push(&blocks);
     pieces.extend(parser.finish());
     assert_eq!(pieces, [call("f", json!({"x": 1})), call("g", json!({}))], "the blocks read back as the calls");
+}
+
+#[test]
+fn a_call_the_budget_cut_off_is_dropped_never_content() {
+    let one = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let cut_off = format!("Checking.\n{one}\n<tool_call>\n{{\"name\": \"get_weather\", \"argum");
+    assert_eq!(
+        parse_cut(ToolSyntax::Hermes, &cut_off),
+        [content("Checking."), call("get_weather", json!({"city": "Paris"}))]
+    );
+    // Ended by itself inside a block: the model's own text, passed on as content.
+    let stopped = parse(ToolSyntax::Hermes, &cut_off);
+    assert!(matches!(stopped.last(), Some(ParsedPiece::Content(t)) if t.contains("<tool_call>")), "{stopped:?}");
+    // Cut inside a block whose body already reads as a call: the call stands.
+    let whole_body = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}";
+    assert_eq!(parse_cut(ToolSyntax::Hermes, whole_body), [call("f", json!({}))]);
+    // Plain text cut by the budget stays text.
+    assert_eq!(parse_cut(ToolSyntax::Hermes, "It is sunny in Par"), [content("It is sunny in Par")]);
+    // Llama: a call cut off is dropped; an answer that is only brace-led text is kept.
+    assert_eq!(parse_cut(ToolSyntax::LlamaJson, "{\"name\": \"get_weather\", \"parameters\": {\"ci"), []);
+    assert_eq!(parse_cut(ToolSyntax::LlamaJson, "<|python_tag|>{\"na"), []);
+    assert_eq!(parse_cut(ToolSyntax::LlamaJson, "{x} is a set"), [content("{x} is a set")]);
 }

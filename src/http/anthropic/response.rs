@@ -9,7 +9,7 @@ use tokenrouter_actors::Usage;
 use tokenrouter_core::sse::json_data_event;
 
 use crate::http::error::ApiError;
-use crate::http::sse::Framer;
+use crate::http::sse::{chunk_parts, Framer};
 
 /// Anthropic's `stop_reason` for an OpenAI `finish_reason`.
 fn stop_reason(finish: &str) -> &'static str {
@@ -208,19 +208,14 @@ impl Framer for AnthropicFramer {
     fn chunk(&mut self, chunk: &Value) -> Vec<Bytes> {
         let mut out = Vec::new();
         self.start(&mut out);
-        let choice = &chunk["choices"][0];
-        let delta = &choice["delta"];
-        let routing = chunk.get("routing");
-        match delta["content"].as_str() {
-            Some(text) if !text.is_empty() => self.text(text, routing, &mut out),
-            // Tokens that wrote no text still carry their trace.
-            Some(_) if routing.is_some() && self.open == Some(Block::Text) => self.text("", routing, &mut out),
-            _ => {}
+        let parts = chunk_parts(chunk, self.open == Some(Block::Text));
+        if let Some(text) = parts.text {
+            self.text(text, parts.routing, &mut out);
         }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        for call in parts.calls {
             self.call(call, &mut out);
         }
-        if let Some(finish) = choice["finish_reason"].as_str() {
+        if let Some(finish) = parts.finish {
             self.stop_reason = stop_reason(finish);
             self.close(&mut out);
         }
