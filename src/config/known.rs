@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use indicatif::MultiProgress;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use tokenrouter_core::assets::{assets_dir, SMOLLM2_GGUF};
 use tokenrouter_core::model::gguf_import::write_gguf_tokenizer;
 use tokenrouter_core::model::gguf_read::read_gguf_config;
@@ -96,6 +97,52 @@ impl ModelCache {
         if recorded.as_ref() != Some(&expected) || !folder.join("tokenizer.json").is_file() {
             write_tokenizer(&target, &folder, &expected)?;
         }
+        Ok(target)
+    }
+}
+
+impl ModelCache {
+    /// A GGUF file given by path: served where it is when tokenizer files lie beside it;
+    /// otherwise from `<cache>/gguf/<stem>-<digest of its path>/`, a link to it with the
+    /// tokenizer files rebuilt from its own metadata beside. Where the rebuild cannot be
+    /// exact (a tokenizer kind it does not know), the reason is logged and the file is
+    /// served as before, for token ids.
+    pub fn gguf_with_tokenizer(&self, path: &Path) -> PathBuf {
+        let beside = path.parent().map(|dir| dir.join("tokenizer.json"));
+        if beside.is_some_and(|t| t.is_file()) {
+            return path.to_path_buf();
+        }
+        match self.bare_gguf(path) {
+            Ok(target) => target,
+            Err(why) => {
+                tracing::warn!(file = %path.display(), %why, "no tokenizer for this GGUF file: send token ids");
+                path.to_path_buf()
+            }
+        }
+    }
+
+    fn bare_gguf(&self, path: &Path) -> Result<PathBuf, String> {
+        let source = path.canonicalize().map_err(|e| format!("{}: {e}", path.display()))?;
+        let digest = Sha256::digest(source.to_string_lossy().as_bytes());
+        let tag: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        // Named as the user named it (the path may be a link to a file named otherwise).
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let folder = self.dir().join("gguf").join(format!("{stem}-{tag}"));
+        let name = path.file_name().ok_or_else(|| format!("{} names no file", path.display()))?;
+        let target = folder.join(name);
+        let bytes = std::fs::metadata(&source).map_err(|e| format!("{}: {e}", source.display()))?.len();
+        let expected = json!({ "source": source.to_string_lossy(), "bytes": bytes });
+        let recorded: Option<Value> =
+            std::fs::read_to_string(folder.join(MARKER)).ok().and_then(|t| serde_json::from_str(&t).ok());
+        if recorded.as_ref() == Some(&expected) && target.is_file() && folder.join("tokenizer.json").is_file() {
+            return Ok(target);
+        }
+        std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        if !target.is_file() || recorded.as_ref() != Some(&expected) {
+            let _ = std::fs::remove_file(&target);
+            link_or_copy(&source, &target)?;
+        }
+        write_tokenizer(&target, &folder, &expected)?;
         Ok(target)
     }
 }

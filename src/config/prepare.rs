@@ -55,6 +55,7 @@ impl ServerConfig {
         for (i, m) in self.models.iter().enumerate() {
             let seed = m.seed.unwrap_or(0);
             let dir = match (self.model_path(i), m.preset, m.source) {
+                (Some(path), _, _) if is_gguf_file(&path) => Ok(cache.gguf_with_tokenizer(&path)),
                 (Some(path), _, _) => Ok(path),
                 (None, Some(preset), _) => match m.tokenizer {
                     Some(known) => cache.preset_model_for(preset, seed, known, progress),

@@ -92,6 +92,11 @@ impl ModelEntry {
             profile: None,
         }
     }
+
+    /// A model from a folder or GGUF file, every other key at its default.
+    pub fn path(name: &str, path: &Path) -> Self {
+        ModelEntry { path: Some(path.to_path_buf()), preset: None, seed: None, ..Self::preset(name, Preset::Tiny, 0) }
+    }
 }
 
 /// Real models the project knows how to find and prepare (`models[].source`), and whose

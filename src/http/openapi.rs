@@ -49,12 +49,12 @@ pub fn document(state: &AppState) -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "description": "OpenAI-compatible API of a token-level LLM routing engine. Errors are OpenAI's envelope.",
         },
-        "paths": paths(),
+        "paths": paths_with_responses(),
         "components": { "schemas": schemas(&bounds), "responses": error_responses() },
     });
     if !state.api_keys.is_empty() {
         doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
-        for path in ["/v1/chat/completions", "/v1/completions", "/v1/models"] {
+        for path in ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/{id}", "/v1/models"] {
             for operation in doc["paths"][path].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
                 operation["security"] = json!([{ "bearer": [] }]);
             }
@@ -189,6 +189,114 @@ fn schemas(b: &Bounds) -> Value {
         },
         "Stats": stats(),
         "StatsHistory": stats_history(),
+        "ResponseRequest": response_request(b),
+        "Response": response_object(),
+    })
+}
+
+/// Every path: the chat-shaped ones and the Responses API's.
+fn paths_with_responses() -> Value {
+    let mut all = paths();
+    if let (Some(all), Value::Object(more)) = (all.as_object_mut(), responses_paths()) {
+        all.extend(more);
+    }
+    all
+}
+
+fn responses_paths() -> Value {
+    let mut errors = Map::new();
+    for status in ["400", "401", "404", "413", "429", "500", "503", "504"] {
+        errors.insert(status.into(), reference("responses", "Error"));
+    }
+    let mut created = errors.clone();
+    created.insert(
+        "200".into(),
+        json!({
+            "description": "The response; with `stream: true`, server-sent events named by their `type` \
+                (`response.created` … `response.completed`), each with a `sequence_number`, and no `[DONE]`.",
+            "content": {
+                "application/json": { "schema": schema("Response") },
+                "text/event-stream": { "schema": { "type": "object", "required": ["data"],
+                    "properties": { "data": { "type": "string" }, "event": { "type": "string" } } } },
+            },
+        }),
+    );
+    let id = json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]);
+    let kept = json!({ "200": { "description": "The kept response.", "content": json_content(schema("Response")) },
+        "401": reference("responses", "Error"), "404": reference("responses", "Error") });
+    let deleted = json!({ "200": { "description": "Forgotten.", "content": json_content(json!({ "type": "object",
+            "required": ["id", "deleted"], "properties": { "id": { "type": "string" }, "object": { "type": "string" },
+            "deleted": { "type": "boolean" } } })) },
+        "401": reference("responses", "Error"), "404": reference("responses", "Error") });
+    json!({
+        "/v1/responses": { "post": {
+            "operationId": "createResponse",
+            "summary": "The Responses API: a request is served as the chat request it means, after the kept turns of `previous_response_id` (docs/api.md).",
+            "requestBody": { "required": true, "content": json_content(schema("ResponseRequest")) },
+            "responses": created,
+        }},
+        "/v1/responses/{id}": {
+            "get": { "operationId": "getResponse", "summary": "A response kept for this key (`store`).",
+                     "parameters": id, "responses": kept },
+            "delete": { "operationId": "deleteResponse", "summary": "Forgets a response kept for this key.",
+                        "parameters": id, "responses": deleted },
+        },
+    })
+}
+
+fn response_request(b: &Bounds) -> Value {
+    let name = json!({ "type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$" });
+    let tool = json!({ "type": "object", "required": ["type", "name"], "properties": {
+        "type": { "type": "string", "enum": ["function"] }, "name": name, "description": { "type": "string" },
+        "parameters": { "type": "object" }, "strict": { "type": "boolean" } } });
+    let max_tokens = json!({ "type": "integer", "minimum": 1, "maximum": b.max_tokens });
+    let properties = json!({
+        "model": { "type": "string", "enum": b.models },
+        "input": { "oneOf": [{ "type": "string" }, { "type": "array", "items": { "type": "object" },
+            "description": "Messages (role, content), function_call and function_call_output items." }] },
+        "instructions": { "type": "string" },
+        "max_output_tokens": max_tokens,
+        "temperature": { "type": "number", "minimum": 0 },
+        "top_p": { "type": "number", "exclusiveMinimum": true, "minimum": 0, "maximum": 1 },
+        "top_k": { "type": "integer" },
+        "seed": { "type": "integer", "format": "int64" },
+        "stream": { "type": "boolean" },
+        "stream_options": { "type": "object" },
+        "store": { "type": "boolean", "description": "Keep the conversation for previous_response_id (default true)." },
+        "previous_response_id": { "type": "string" },
+        "tools": { "type": "array", "items": tool, "maxItems": b.request.max_tools },
+        "tool_choice": { "oneOf": [{ "type": "string", "enum": ["none", "auto", "required"] },
+            { "type": "object", "required": ["type", "name"],
+              "properties": { "type": { "type": "string", "enum": ["function"] }, "name": name } }] },
+        "parallel_tool_calls": { "type": "boolean" },
+        "text": { "type": "object", "properties": { "format": { "type": "object" } }, "additionalProperties": false },
+        "metadata": { "type": "object", "maxProperties": 16,
+            "additionalProperties": { "type": "string", "maxLength": 512 } },
+        "user": { "type": "string" },
+        "safety_identifier": { "type": "string" },
+        "prompt_cache_key": { "type": "string" },
+        "service_tier": { "type": "string" },
+        "truncation": { "type": "string", "enum": ["disabled"] },
+        "routing": schema("Routing"),
+    });
+    json!({ "type": "object", "description": format!("A response. Bodies are at most {} bytes.", b.max_body_bytes),
+        "required": ["input"], "properties": properties, "additionalProperties": false })
+}
+
+fn response_object() -> Value {
+    json!({
+        "type": "object",
+        "required": ["id", "object", "created_at", "status", "output", "model"],
+        "properties": {
+            "id": { "type": "string" },
+            "object": { "type": "string", "enum": ["response"] },
+            "created_at": { "type": "integer" },
+            "status": { "type": "string", "enum": ["completed", "incomplete", "in_progress", "failed"] },
+            "model": { "type": "string" },
+            "output": { "type": "array", "items": { "type": "object", "required": ["type"] } },
+            "usage": { "type": "object", "nullable": true },
+            "previous_response_id": { "type": "string", "nullable": true },
+        },
     })
 }
 

@@ -77,6 +77,8 @@ fn the_document_parses_lists_every_route_and_resolves_its_refs() {
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/models",
+        "/v1/responses",
+        "/v1/responses/{id}",
         "/v1/stats",
         "/v1/stats/history",
     ];
