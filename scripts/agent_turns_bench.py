@@ -78,17 +78,22 @@ def usage_of(events: list[dict]) -> dict:
 
 
 def one_line_ttft(url: str, answer_tokens: int, samples: int, tag: str) -> list[float]:
+    return fresh_ttft(url, answer_tokens, [f"Say hello to {tag} {i}." for i in range(samples)])
+
+
+def fresh_ttft(url: str, answer_tokens: int, prompts: list[str]) -> list[float]:
     out = []
-    for i in range(samples):
-        body = {"messages": [{"role": "user", "content": f"Say hello to {tag} {i}."}], "max_tokens": answer_tokens,
+    for prompt in prompts:
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": answer_tokens,
                 "temperature": 0, "stream": True}
         ttft, _, _ = stream_post(url, "/v1/chat/completions", body)
         out.append(ttft)
     return out
 
 
-def run_chat(url: str, args, run: int) -> list[dict]:
-    messages = [{"role": "system", "content": f"You are a coding agent (run {run})."},
+def run_chat(url: str, args, run: int, tag: str) -> list[dict]:
+    # Each mode's transcript is its own (the tag): one mode must not hit K/V another cached.
+    messages = [{"role": "system", "content": f"You are a coding agent ({tag}, run {run})."},
                 {"role": "user", "content": "Fix the failing test."}]
     rows = []
     for turn in range(args.turns):
@@ -104,9 +109,9 @@ def run_chat(url: str, args, run: int) -> list[dict]:
     return rows
 
 
-def run_responses(url: str, args, run: int) -> list[dict]:
+def run_responses(url: str, args, run: int, tag: str) -> list[dict]:
     previous = None
-    new_input = [{"role": "system", "content": f"You are a coding agent (run {run})."},
+    new_input = [{"role": "system", "content": f"You are a coding agent ({tag}, run {run})."},
                  {"role": "user", "content": "Fix the failing test."}]
     rows = []
     for turn in range(args.turns):
@@ -139,22 +144,37 @@ def main() -> int:
     p.add_argument("--no-cache-runs", type=int, default=1,
                    help="runs of the prefix-cache-off mode (each prefills the whole transcript every turn: slow)")
     p.add_argument("--out", required=True)
+    p.add_argument("--from-json", help="only write the report again from a turns.json this script wrote")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     modes = {"chat": (run_chat, args.url), "responses": (run_responses, args.url),
              "chat, prefix cache off": (run_chat, args.url_no_cache)}
-    results = {"args": vars(args), "one_line_ttft_s": [], "runs": {m: [] for m in modes}}
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        return report(results, args)
+    results = {"args": vars(args), "one_line_ttft_s": [], "turn_sized_ttft_s": [], "runs": {m: [] for m in modes}}
     for run in range(args.repeats):
         results["one_line_ttft_s"] += one_line_ttft(args.url, args.answer_tokens, 5, f"run {run}")
+        # A fresh prompt as long as one turn's new input: what a turn must prefill at least.
+        turn_sized = [f"run {run}.{i}\n" + tool_output(1000 + 10 * run + i, args.tool_bytes) for i in range(5)]
+        results["turn_sized_ttft_s"] += fresh_ttft(args.url, args.answer_tokens, turn_sized)
         for name, (fn, url) in modes.items():
             if url == args.url_no_cache and run >= args.no_cache_runs:
                 continue
-            results["runs"][name].append(fn(url, args, run))
+            results["runs"][name].append(fn(url, args, run, name))
             print(f"run {run + 1}: {name} done", file=sys.stderr)
     with open(os.path.join(args.out, "turns.json"), "w") as f:
         json.dump(results, f, indent=1)
+    return report(results, args)
+
+
+def report(results: dict, args) -> int:
+    modes = [m for m, runs in results["runs"].items() if runs]
     one_line = results["one_line_ttft_s"]
-    lines = [f"One-line prompt TTFT: median {median_spread(one_line)} ms over {len(one_line)} requests.", "",
+    turn_sized = results["turn_sized_ttft_s"]
+    lines = [f"One-line prompt TTFT: median {median_spread(one_line)} ms over {len(one_line)} requests; a fresh prompt "
+             f"of one turn's size ({args.tool_bytes} bytes): median {median_spread(turn_sized)} ms over {len(turn_sized)}.", "",
              "| turn | " + " | ".join(f"{m}: TTFT ms (min–max) | bytes | cached/prompt" for m in modes) + " |",
              "|---:|" + "---:|---:|---:|" * len(modes)]
     for t in range(args.turns):
@@ -169,8 +189,10 @@ def main() -> int:
     for name in modes:
         later = [statistics.median(r[t]["ttft_s"] for r in results["runs"][name]) for t in range(1, args.turns)]
         total = sum(r["bytes_sent"] for r in results["runs"][name][0])
+        sized = statistics.median(turn_sized)
         lines.append(f"- {name}: turns 2–{args.turns} TTFT ÷ one-line prompt: median {statistics.median(later) / base:.2f}×, "
-                     f"worst {max(later) / base:.2f}×; bytes sent in all {total:,}")
+                     f"worst {max(later) / base:.2f}×; ÷ a fresh turn-sized prompt: median "
+                     f"{statistics.median(later) / sized:.2f}×, worst {max(later) / sized:.2f}×; bytes sent in all {total:,}")
     table = "\n".join(lines)
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write(f"# Agent transcript, {args.turns} turns, {args.tool_bytes}-byte tool outputs\n\n{table}\n")
