@@ -173,6 +173,13 @@ impl Plan {
 }
 
 impl OpenAiRequest {
+    /// A chat body another API's request was translated into, read as chat's own body
+    /// is (so its field errors are chat's).
+    pub fn from_chat_json(chat: &Value) -> Result<Self, ApiError> {
+        let bytes = serde_json::to_vec(chat).map_err(|e| ApiError::Internal(e.to_string()))?;
+        super::extract::parse_json(&bytes)
+    }
+
     /// Validates, resolves the policy, tokenizes and checks lengths. Cheap checks
     /// come first so a bad request costs no tokenization.
     pub async fn plan(mut self, state: &AppState, endpoint: Endpoint) -> Result<Plan, ApiError> {

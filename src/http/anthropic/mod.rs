@@ -14,7 +14,7 @@ use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::{parse_json, ApiJson, Authorized};
+use super::extract::{ApiJson, Authorized};
 use super::handlers;
 use super::request::{Endpoint, OpenAiRequest};
 use super::state::AppState;
@@ -61,8 +61,7 @@ async fn authorized_body(req: &HttpRequest, payload: web::Payload) -> Result<Val
 
 /// The chat request a Messages body means, parsed as chat's own body would be.
 fn chat_request(body: &Value, count_only: bool) -> Result<OpenAiRequest, ApiError> {
-    let chat = to_chat(body, count_only)?;
-    parse_json(&serde_json::to_vec(&chat).map_err(|e| ApiError::Internal(e.to_string()))?)
+    OpenAiRequest::from_chat_json(&to_chat(body, count_only)?)
 }
 
 pub async fn messages(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, AnthropicError> {

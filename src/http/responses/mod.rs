@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::extract::{parse_json, ApiJson, Authorized};
+use super::extract::{ApiJson, Authorized};
 use super::handlers;
 use super::request::{Endpoint, OpenAiRequest};
 use super::state::{unix_now, AppState};
@@ -76,8 +76,7 @@ pub async fn create(req: HttpRequest, payload: web::Payload) -> Result<HttpRespo
     let id = state.new_stored_id("resp");
     let chain = chain.unwrap_or_else(|| id.clone());
     let chat = to_chat(&body, &history, &input)?;
-    let bytes = serde_json::to_vec(&chat).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let mut chat: OpenAiRequest = parse_json(&bytes).map_err(in_responses_terms)?;
+    let mut chat = OpenAiRequest::from_chat_json(&chat).map_err(in_responses_terms)?;
     chat.session_id = session_of(&owner, &chain, state.limits.request.max_session_id_bytes);
     let started = handlers::start(&state, chat, Endpoint::Chat, "responses").await.map_err(in_responses_terms)?;
     let meta = ResponseMeta { id, created_at: unix_now(), model: started.plan.model.clone(), echo: ask.echo };

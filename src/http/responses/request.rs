@@ -253,14 +253,17 @@ fn message(item: &Value, path: &str) -> Result<Value, ApiError> {
     };
     let content = match item.get("content") {
         Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => {
-            let texts: Result<Vec<String>, ApiError> =
-                parts.iter().enumerate().map(|(j, part)| text_of_part(part, &format!("{path}.content[{j}]"))).collect();
-            texts?.join("")
-        }
+        Some(Value::Array(parts)) => texts_of_parts(parts, &format!("{path}.content"))?,
         _ => return Err(bad("`content` must be a string or an array of parts", &format!("{path}.content"))),
     };
     Ok(json!({ "role": role, "content": content }))
+}
+
+/// Text parts as one string; `path` names the array in errors.
+fn texts_of_parts(parts: &[Value], path: &str) -> Result<String, ApiError> {
+    let texts: Result<Vec<String>, ApiError> =
+        parts.iter().enumerate().map(|(j, part)| text_of_part(part, &format!("{path}[{j}]"))).collect();
+    Ok(texts?.join(""))
 }
 
 fn text_of_part(part: &Value, path: &str) -> Result<String, ApiError> {
@@ -295,11 +298,7 @@ fn function_output(item: &Value, path: &str) -> Result<Value, ApiError> {
     let call_id = required_str(item, "call_id", path)?;
     let output = match item.get("output") {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let texts: Result<Vec<String>, ApiError> =
-                parts.iter().enumerate().map(|(j, part)| text_of_part(part, &format!("{path}.output[{j}]"))).collect();
-            texts?.join("")
-        }
+        Some(Value::Array(parts)) => texts_of_parts(parts, &format!("{path}.output"))?,
         _ => return Err(bad("`output` must be a string or an array of text parts", &format!("{path}.output"))),
     };
     Ok(json!({ "role": "tool", "tool_call_id": call_id, "content": output }))

@@ -77,7 +77,6 @@ impl ResponseStore {
             return false;
         }
         let mut inner = self.lock();
-        inner.drop_expired(now, self.limits.ttl);
         let tokens = stored.tokens;
         if let Some(old) = inner.entries.put(id, Entry { stored, at: now }) {
             inner.tokens -= old.stored.tokens;
@@ -99,21 +98,22 @@ impl ResponseStore {
 
     fn get_at(&self, id: &str, owner: &Owner, now: Instant) -> Option<StoredResponse> {
         let mut inner = self.lock();
-        inner.drop_expired(now, self.limits.ttl);
         let entry = inner.entries.get(id)?;
-        (&entry.stored.owner == owner).then(|| entry.stored.clone())
+        let expired = now.saturating_duration_since(entry.at) > self.limits.ttl;
+        let found = (!expired && &entry.stored.owner == owner).then(|| entry.stored.clone());
+        if expired {
+            inner.remove(id);
+        }
+        found
     }
 
     /// Forgets `id` if `owner` made it; whether it was there.
     pub fn remove(&self, id: &str, owner: &Owner) -> bool {
         let mut inner = self.lock();
-        inner.drop_expired(Instant::now(), self.limits.ttl);
         if inner.entries.peek(id).is_none_or(|e| &e.stored.owner != owner) {
             return false;
         }
-        if let Some(entry) = inner.entries.pop(id) {
-            inner.tokens -= entry.stored.tokens;
-        }
+        inner.remove(id);
         true
     }
 
@@ -131,20 +131,11 @@ impl ResponseStore {
 }
 
 impl Inner {
-    /// Expired entries leave from the old end: an entry's time is when it was stored,
-    /// and the LRU order puts the least recently used (not necessarily the oldest)
-    /// last, so every entry is looked at.
-    fn drop_expired(&mut self, now: Instant, ttl: Duration) {
-        let expired: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| now.saturating_duration_since(e.at) > ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in expired {
-            if let Some(entry) = self.entries.pop(&id) {
-                self.tokens -= entry.stored.tokens;
-            }
+    /// An expired entry is dropped when it is next asked for; until then it is among the
+    /// least recently used, so the bounds evict it first (no scan of every entry per request).
+    fn remove(&mut self, id: &str) {
+        if let Some(entry) = self.entries.pop(id) {
+            self.tokens -= entry.stored.tokens;
         }
     }
 }
@@ -210,6 +201,7 @@ mod tests {
         s.insert_at("new".into(), stored(1, 7), start + Duration::from_secs(50));
         let later = start + Duration::from_secs(61);
         assert_eq!(s.get_at("old", &[1; 32], later), None);
+        assert_eq!(s.get_at("old", &[1; 32], start), None, "an expired entry is gone once found expired");
         assert!(s.get_at("new", &[1; 32], later).is_some());
         assert_eq!(s.size(), (1, 7));
     }
