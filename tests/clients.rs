@@ -3,11 +3,12 @@
 //! stop on SIGTERM, and HTTPS (`server.tls`) to a client that trusts the test CA. Tools
 //! that CI installs (`.ci/run`) are skipped with a printed reason where missing.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use crate::http_support::{spawn_serve, ServeProcess};
 use crate::tls_support::TestCerts;
 use tempfile::TempDir;
 
@@ -25,16 +26,9 @@ policy:
 ";
 
 struct Server {
-    child: Child,
+    process: ServeProcess,
     url: String,
     _dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts `tokenrouter serve` on a free port with two tiny models; None without the
@@ -50,29 +44,16 @@ fn start_with(config_text: &str) -> Option<Server> {
     let dir = TempDir::new().unwrap();
     let config = dir.path().join("serve.yaml");
     std::fs::write(&config, config_text).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenrouter"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenrouter"));
+    command
         .args(["serve", "--config", config.to_str().unwrap(), "--port", "0"])
         .env("TOKENROUTER_CACHE", dir.path().join("cache"))
         .env("TOKENROUTER_ASSETS", &assets)
         .env("TOKENROUTER_THREADS", "2")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut lines = stdout.lines();
-    while let Some(line) = lines.next() {
-        let line = line.unwrap();
-        if let Some(rest) = line.strip_prefix("tokenrouter listening on ") {
-            let url = rest.split_whitespace().next().unwrap().to_string();
-            // Keep reading so the server never writes into a closed pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return Some(Server { child, url, _dir: dir });
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-    }
-    panic!("server exited before listening");
+        .env("RUST_LOG", "warn");
+    let process = spawn_serve(command, Duration::from_secs(120));
+    let url = process.url.clone();
+    Some(Server { process, url, _dir: dir })
 }
 
 /// The program `$var` (else `default`) when it runs. One `.ci/run` always installs follows the
@@ -252,11 +233,11 @@ fn dashboard_loads_in_headless_chromium_and_shows_both_models() {
 #[test]
 fn sigterm_stops_the_server_cleanly() {
     let Some(mut server) = start() else { return };
-    let pid = server.child.id().to_string();
+    let pid = server.process.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
+        if let Some(status) = server.process.child.try_wait().unwrap() {
             assert!(status.success(), "exit status {status}");
             return;
         }

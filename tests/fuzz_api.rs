@@ -7,11 +7,12 @@
 //! tokenizer; without them the test says so and skips, or fails under
 //! `TOKENROUTER_REQUIRE_ASSETS=1` (CI).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+
+use crate::http_support::{spawn_serve, ServeProcess};
 
 /// `max_tokens_limit` keeps generated requests short (the document's bound, so the
 /// fuzzer never asks for more); `max_context` keeps KV small.
@@ -43,16 +44,9 @@ const RUN_LIMIT: Duration = Duration::from_secs(150);
 const CHECKS: &str = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance";
 
 struct Server {
-    child: Child,
+    _process: ServeProcess,
     url: String,
     _dir: TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Skips (None) or, when CI requires its assets, fails.
@@ -88,26 +82,16 @@ fn start_server() -> Option<Server> {
     let dir = TempDir::new().unwrap();
     let config = dir.path().join("serve.yaml");
     std::fs::write(&config, CONFIG).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenrouter"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenrouter"));
+    command
         .args(["serve", "--config", config.to_str().unwrap(), "--port", "0"])
         .env("TOKENROUTER_CACHE", dir.path().join("cache"))
         .env("TOKENROUTER_ASSETS", &assets)
         .env("TOKENROUTER_THREADS", "2")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.strip_prefix("tokenrouter listening on ") {
-            let url = rest.split_whitespace().next().unwrap().to_string();
-            // Keep reading so the server never writes into a closed pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return Some(Server { child, url, _dir: dir });
-        }
-    }
-    panic!("the server exited before listening");
+        .env("RUST_LOG", "warn");
+    let process = spawn_serve(command, Duration::from_secs(120));
+    let url = process.url.clone();
+    Some(Server { _process: process, url, _dir: dir })
 }
 
 /// Runs `cmd`, killing it past `limit`; its exit status and combined output.

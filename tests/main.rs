@@ -7,6 +7,7 @@
 
 mod cluster_support;
 mod http_support;
+mod hub_support;
 mod tls_support;
 
 mod anthropic;
@@ -18,6 +19,7 @@ mod config;
 mod examples;
 mod fuzz_api;
 mod http;
+mod hub;
 mod limits;
 mod model_import;
 mod openai_surface;

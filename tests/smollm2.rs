@@ -5,10 +5,11 @@
 //! rebuilt from its metadata) or a folder. Without the asset these skip and say so (they fail
 //! under TOKENROUTER_REQUIRE_ASSETS=1). A missing file is a clear error either way.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use crate::http_support::{spawn_serve, ServeProcess};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tokenrouter::config::{KnownModel, ModelCache, TokenizerChoice};
@@ -20,35 +21,13 @@ fn tokenrouter(cache: &Path) -> Command {
     command
 }
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `serve --model NAME` on a free port; returns it and its base URL.
-fn serve(cache: &Path, model: &str) -> (Server, String) {
-    let child = tokenrouter(cache)
-        .args(["serve", "--model", model, "--port", "0", "--no-warm-up"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut server = Server(child);
-    let stdout = server.0.stdout.take().unwrap();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.unwrap();
-        eprintln!("serve: {line}");
-        if let Some(rest) = line.strip_prefix("tokenrouter listening on ") {
-            let url = rest.split_whitespace().next().unwrap().to_string();
-            return (server, url);
-        }
-    }
-    panic!("the server exited before listening");
+fn serve(cache: &Path, model: &str) -> (ServeProcess, String) {
+    let mut command = tokenrouter(cache);
+    command.args(["serve", "--model", model, "--port", "0", "--no-warm-up"]).stderr(Stdio::inherit());
+    let server = spawn_serve(command, Duration::from_secs(300));
+    let url = server.url.clone();
+    (server, url)
 }
 
 /// A streamed greedy chat answer: its text and the finish reason of its last chunk.

@@ -39,7 +39,9 @@ pub struct ConfigSource {
     pub config: Option<PathBuf>,
     /// A built-in configuration: `smollm2` (the real SmolLM2-135M-Instruct alone, as
     /// config/smollm2.yaml), `smollm2-routed` (a random small model routed with it, as
-    /// config/smollm2-routed.yaml) or `demo`.
+    /// config/smollm2-routed.yaml) or `demo`; or one model alone: a Hugging Face folder or
+    /// GGUF file by path, or a Hub id (`ORG/NAME`, or `ORG/NAME:FILE` for one GGUF file),
+    /// downloaded into the Hub cache on first use.
     #[arg(long)]
     pub model: Option<String>,
 }

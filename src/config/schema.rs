@@ -27,6 +27,11 @@ pub struct ModelEntry {
     /// A known real model, prepared in the cache folder from its file (`smollm2`).
     #[serde(default)]
     pub source: Option<KnownModel>,
+    /// A model on the Hugging Face Hub: `ORG/NAME` (its config, tokenizer and safetensors
+    /// weights) or `ORG/NAME:FILE` (one GGUF file of it), downloaded into the Hub cache on
+    /// first use. `model:` is taken as another spelling of this key.
+    #[serde(default, alias = "model")]
+    pub hub: Option<String>,
     /// Seed of a preset's random weights (default 0); presets only.
     #[serde(default)]
     pub seed: Option<u64>,
@@ -78,6 +83,7 @@ impl ModelEntry {
             path: None,
             preset: Some(preset),
             source: None,
+            hub: None,
             seed: Some(seed),
             tokenizer: None,
             dtype: default_dtype(),
@@ -96,6 +102,12 @@ impl ModelEntry {
     /// A model from a folder or GGUF file, every other key at its default.
     pub fn path(name: &str, path: &Path) -> Self {
         ModelEntry { path: Some(path.to_path_buf()), preset: None, seed: None, ..Self::preset(name, Preset::Tiny, 0) }
+    }
+
+    /// A model by Hugging Face Hub id (`ORG/NAME` or `ORG/NAME:FILE`), every other key at
+    /// its default.
+    pub fn hub(name: &str, id: &str) -> Self {
+        ModelEntry { hub: Some(id.to_string()), preset: None, seed: None, ..Self::preset(name, Preset::Tiny, 0) }
     }
 }
 

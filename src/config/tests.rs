@@ -162,6 +162,20 @@ fn models_need_unique_names_and_exactly_one_source() {
 }
 
 #[test]
+fn hub_models_take_org_name_or_org_name_file() {
+    let config =
+        parse("models: [{name: a, hub: HuggingFaceTB/SmolLM2-135M}, {name: b, model: o/r-GGUF:m.gguf}]").unwrap();
+    assert_eq!(config.hub_model(0).unwrap().repo, "HuggingFaceTB/SmolLM2-135M");
+    assert_eq!(config.hub_model(1).unwrap().file.as_deref(), Some("m.gguf"), "`model:` spells `hub:` too");
+    let e = refused("models: [{name: m, hub: not-an-id}]");
+    assert!(e.to_string().contains("models[0].hub: \"not-an-id\" is not a Hub id"), "{e}");
+    let e = refused("models: [{name: m, hub: o/r, preset: tiny}]");
+    assert!(e.to_string().contains("give one of `preset`, `hub`, not several"), "{e}");
+    let built = crate::config::builtin_config("o/r:m.gguf").unwrap();
+    assert_eq!((built.models[0].name.as_str(), built.models[0].hub.as_deref()), ("m", Some("o/r:m.gguf")));
+}
+
+#[test]
 fn thresholds_take_a_number_or_a_table_by_active_requests() {
     let config = parse(&with_pair(
         "scheduler:\n  thresholds:\n    large: {1: 1, 8: 2, 16: 4}\n    small: 1\n  max_wait_ms: 25\n",

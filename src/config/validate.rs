@@ -14,6 +14,7 @@ use tokenrouter_core::sched::batching::BatchingError;
 use tokenrouter_core::sched::{BatchingRule, Threshold};
 
 use super::error::{ConfigError, Problems};
+use super::hub::HubModel;
 use super::scheduler::{ExclusiveCompute, ReplanSetting, ThresholdSpec};
 use super::ServerConfig;
 
@@ -53,20 +54,32 @@ impl ServerConfig {
             } else if !seen.insert(m.name.as_str()) {
                 p.push(at("name"), format!("`{}` names two models; names must be unique", m.name));
             }
-            let given: Vec<&str> =
-                [("`path`", m.path.is_some()), ("`preset`", m.preset.is_some()), ("`source`", m.source.is_some())]
-                    .iter()
-                    .filter(|(_, set)| *set)
-                    .map(|(key, _)| *key)
-                    .collect();
+            let given: Vec<&str> = [
+                ("`path`", m.path.is_some()),
+                ("`preset`", m.preset.is_some()),
+                ("`source`", m.source.is_some()),
+                ("`hub`", m.hub.is_some()),
+            ]
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(key, _)| *key)
+            .collect();
             match given.len() {
                 0 => p.push(
                     format!("models[{i}]"),
-                    "give `path` (a Hugging Face model folder or a .gguf file), `preset` (tiny, small or medium) \
-                     or `source` (smollm2)",
+                    "give `path` (a Hugging Face model folder or a .gguf file), `preset` (tiny, small or medium), \
+                     `source` (smollm2) or `hub` (a Hugging Face Hub id, ORG/NAME or ORG/NAME:FILE)",
                 ),
                 1 => {}
                 _ => p.push(format!("models[{i}]"), format!("give one of {}, not several", given.join(", "))),
+            }
+            if let Some(id) = &m.hub {
+                if HubModel::parse(id).is_none() {
+                    p.push(
+                        at("hub"),
+                        format!("{id:?} is not a Hub id: give ORG/NAME, or ORG/NAME:FILE for one GGUF file"),
+                    );
+                }
             }
             if m.seed.is_some() && m.preset.is_none() {
                 p.push(at("seed"), "only preset models have a seed");

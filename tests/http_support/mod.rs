@@ -373,3 +373,38 @@ fn said(pieces: &[String]) -> Vec<GenerationEvent> {
     };
     tokens.chain([finished]).collect()
 }
+
+/// A `tokenrouter serve` child process: its base URL, killed when dropped however the
+/// test ends.
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub url: String,
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns `command` (a `serve` on `--port 0`) and waits, within `limit`, for the line that
+/// names its address; its output is drained afterwards so the server never writes into
+/// a closed pipe.
+pub fn spawn_serve(mut command: std::process::Command, limit: Duration) -> ServeProcess {
+    use std::io::{BufRead, BufReader};
+    let mut child = command.stdout(std::process::Stdio::piped()).spawn().expect("the binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = std::time::Instant::now() + limit;
+    let mut server = ServeProcess { child, url: String::new() };
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("tokenrouter listening on ") {
+            server.url = rest.split_whitespace().next().unwrap().to_string();
+            std::thread::spawn(move || lines.for_each(drop));
+            return server;
+        }
+        assert!(std::time::Instant::now() < deadline, "the server did not start within {limit:?}");
+    }
+    panic!("the server exited before listening");
+}
