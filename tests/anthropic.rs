@@ -97,6 +97,45 @@ async fn a_stream_is_anthropics_event_sequence_with_the_text_of_the_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_sequence_is_named_whole_and_streamed_and_on_chat_as_stop_reason() {
+    let Some(s) = start(vec![]).await else { return };
+    let (_, free) = s.post_json("/v1/messages", &message_body("Say something", 16)).await;
+    let text = free["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() >= 4, "the greedy answer is long enough to cut: {free}");
+    // A piece from its middle: the answer must end just before its first occurrence.
+    let stop: String = chars[2..4].iter().collect();
+    let expected = &text[..text.find(&stop).unwrap()];
+    let mut body = message_body("Say something", 16);
+    body["stop_sequences"] = json!(["never-written-here", stop]);
+    let (status, cut) = s.post_json("/v1/messages", &body).await;
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(
+        (cut["stop_reason"].as_str(), cut["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some(stop.as_str()))
+    );
+    assert_eq!(cut["content"][0]["text"].as_str().unwrap_or_default(), expected, "{cut}");
+
+    body["stream"] = json!(true);
+    let frames = named_events(&s.post("/v1/messages", &body).await.text().await.unwrap());
+    let delta = &frames[frames.len() - 2].1["delta"];
+    assert_eq!(
+        (delta["stop_reason"].as_str(), delta["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some(stop.as_str()))
+    );
+
+    let chat = json!({ "model": "tokenrouter-test", "max_tokens": 16, "temperature": 0, "stop": [stop],
+        "messages": [{ "role": "system", "content": "Be brief." }, { "role": "user", "content": "Say something" }] });
+    let (_, completion) = s.post_json("/v1/chat/completions", &chat).await;
+    let choice = &completion["choices"][0];
+    assert_eq!((choice["finish_reason"].as_str(), choice["stop_reason"].as_str()), (Some("stop"), Some(stop.as_str())));
+    let (_, plain) = s.post_json("/v1/messages", &message_body("Say something", 16)).await;
+    assert_eq!(plain["stop_sequence"], Value::Null, "no stop string, none named: {plain}");
+    s.wait_all_kv_free().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_tool_is_one_tool_use_block_whole_and_streamed() {
     let Some(s) = start(vec![]).await else { return };
     let mut body = message_body("Weather in Paris?", 120);

@@ -122,8 +122,8 @@ async fn collect(mut events: EventStream, mut collected: Collected) -> Result<(V
             GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
                 collected.token(TokenInfo { token, model, logprob, top_logprobs }, &text);
             }
-            GenerationEvent::Finished { reason, usage, text, .. } => {
-                return Ok((collected.finish(reason, &text), usage))
+            GenerationEvent::Finished { reason, usage, text, stop } => {
+                return Ok((collected.finish(reason, &text, stop.as_deref()), usage))
             }
             GenerationEvent::Error { error, .. } => return Err(ApiError::from(error)),
         }

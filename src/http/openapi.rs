@@ -545,6 +545,8 @@ fn choice_with(key: &str, text: Value) -> Value {
             key: text,
             "logprobs": { "type": "object", "nullable": true },
             "finish_reason": { "type": "string", "enum": ["stop", "length", "tool_calls"] },
+            "stop_reason": { "type": "string",
+                "description": "The stop string that ended the choice (vLLM's field); absent when none did." },
             "token_ids": { "type": "array", "items": { "type": "integer" } },
             "routing_trace": { "type": "array", "items": { "type": "string" } },
         },

@@ -217,7 +217,8 @@ impl StreamEncoder {
     }
 
     /// The held-back text and calls (if any), then the finish chunk.
-    pub fn finished(&mut self, reason: FinishReason, tail: &str) -> Vec<Value> {
+    /// The last chunks; `stop` is the stop string that ended the choice, if one did.
+    pub fn finished(&mut self, reason: FinishReason, tail: &str, stop: Option<&str>) -> Vec<Value> {
         let mut out = match self.tools.as_mut() {
             Some(parser) => {
                 let mut pieces = parser.push(tail);
@@ -234,7 +235,10 @@ impl StreamEncoder {
             Endpoint::Chat => json!({}),
             Endpoint::Completions => json!(""),
         };
-        out.push(self.chunk(delta, &[], Some(choice_finish_reason(reason, self.calls))));
+        let finish = choice_finish_reason(reason, self.calls);
+        let mut last = self.chunk(delta, &[], Some(finish));
+        mark_stop_string(&mut last["choices"][0], finish, stop);
+        out.push(last);
         out
     }
 
@@ -306,6 +310,15 @@ impl StreamEncoder {
     }
 }
 
+/// Names the stop string that ended a choice, as vLLM's `stop_reason` does (Anthropic's
+/// `stop_sequence` is read from it). Not on a choice that ended in tool calls: the stop
+/// string there is the server's own end of a call.
+fn mark_stop_string(choice: &mut Value, finish: &str, stop: Option<&str>) {
+    if let (Some(stop), "stop") = (stop, finish) {
+        choice["stop_reason"] = json!(stop);
+    }
+}
+
 /// One choice of a whole (non-streamed) response being gathered.
 pub struct Collected {
     shape: Shape,
@@ -325,7 +338,7 @@ impl Collected {
     }
 
     /// The finished choice.
-    pub fn finish(mut self, reason: FinishReason, tail: &str) -> Value {
+    pub fn finish(mut self, reason: FinishReason, tail: &str, stop: Option<&str>) -> Value {
         self.text.push_str(tail);
         let s = &self.shape;
         let (message, calls) = match s.tool_parser() {
@@ -340,7 +353,9 @@ impl Collected {
             }
         };
         choice["logprobs"] = s.logprobs_value(&self.tokens);
-        choice["finish_reason"] = json!(choice_finish_reason(reason, calls));
+        let finish = choice_finish_reason(reason, calls);
+        choice["finish_reason"] = json!(finish);
+        mark_stop_string(&mut choice, finish, stop);
         if s.token_ids {
             choice["token_ids"] = self.tokens.iter().map(|t| t.token).collect();
         }

@@ -136,8 +136,8 @@ impl SseStream {
                 let chunks = encoder.token(info, &text);
                 self.queue.extend(chunks.iter().flat_map(|c| self.framer.chunk(c)));
             }
-            GenerationEvent::Finished { reason, usage, text, .. } => {
-                let chunks = encoder.finished(reason, &text);
+            GenerationEvent::Finished { reason, usage, text, stop } => {
+                let chunks = encoder.finished(reason, &text, stop.as_deref());
                 self.queue.extend(chunks.iter().flat_map(|c| self.framer.chunk(c)));
                 add_choice_usage(&mut self.usage, &usage);
                 self.unfinished -= 1;

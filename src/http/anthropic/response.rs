@@ -11,12 +11,14 @@ use tokenrouter_core::sse::json_data_event;
 use crate::http::error::ApiError;
 use crate::http::sse::{chunk_parts, Framer};
 
-/// Anthropic's `stop_reason` for an OpenAI `finish_reason`.
-fn stop_reason(finish: &str) -> &'static str {
-    match finish {
-        "length" => "max_tokens",
-        "tool_calls" => "tool_use",
-        _ => "end_turn",
+/// Anthropic's `stop_reason` for an OpenAI `finish_reason`, and `stop_sequence`: the
+/// stop string that ended the choice (its `stop_reason`), if one did.
+fn stop_reason(finish: &str, stop_string: Option<&str>) -> (&'static str, Option<String>) {
+    match (finish, stop_string) {
+        ("length", _) => ("max_tokens", None),
+        ("tool_calls", _) => ("tool_use", None),
+        (_, Some(stop)) => ("stop_sequence", Some(stop.to_string())),
+        _ => ("end_turn", None),
     }
 }
 
@@ -77,8 +79,10 @@ pub fn message(openai: &Value) -> Value {
     m.insert("role".into(), json!("assistant"));
     m.insert("model".into(), openai["model"].clone());
     m.insert("content".into(), Value::Array(content));
-    m.insert("stop_reason".into(), json!(stop_reason(choice["finish_reason"].as_str().unwrap_or("stop"))));
-    m.insert("stop_sequence".into(), Value::Null);
+    let (reason, sequence) =
+        stop_reason(choice["finish_reason"].as_str().unwrap_or("stop"), choice["stop_reason"].as_str());
+    m.insert("stop_reason".into(), json!(reason));
+    m.insert("stop_sequence".into(), json!(sequence));
     m.insert("usage".into(), usage(&openai["usage"]));
     if let Some(trace) = choice.get("routing_trace") {
         m.insert("routing_trace".into(), trace.clone());
@@ -129,6 +133,7 @@ pub struct AnthropicFramer {
     open: Option<Block>,
     blocks: usize,
     stop_reason: &'static str,
+    stop_sequence: Option<String>,
     /// An error event ended the stream: nothing follows it.
     failed: bool,
 }
@@ -143,6 +148,7 @@ impl AnthropicFramer {
             open: None,
             blocks: 0,
             stop_reason: "end_turn",
+            stop_sequence: None,
             failed: false,
         }
     }
@@ -216,7 +222,7 @@ impl Framer for AnthropicFramer {
             self.call(call, &mut out);
         }
         if let Some(finish) = parts.finish {
-            self.stop_reason = stop_reason(finish);
+            (self.stop_reason, self.stop_sequence) = stop_reason(finish, chunk["choices"][0]["stop_reason"].as_str());
             self.close(&mut out);
         }
         out
@@ -230,7 +236,7 @@ impl Framer for AnthropicFramer {
         out.push(event(
             "message_delta",
             &json!({ "type": "message_delta",
-                "delta": { "stop_reason": self.stop_reason, "stop_sequence": null }, "usage": usage }),
+                "delta": { "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence }, "usage": usage }),
         ));
         out
     }
