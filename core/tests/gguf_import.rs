@@ -238,14 +238,20 @@ fn the_whole_metadata_of_smollm2_is_accepted_but_an_edited_one_is_not() {
     assert!(err.contains("model.layers.0.") && err.contains("missing"), "{err}");
 }
 
-/// SmolLM's pre-tokenizer (every digit alone, then GPT-2's byte-level regex) is not one
-/// whose safe cuts the incremental tokenizer has been argued and tested for: it refuses
-/// it by rule, so sessions on this model always tokenize in full (exact, only slower).
+/// SmolLM's pre-tokenizer (every digit alone, then GPT-2's byte-level regex) keeps GPT-2's
+/// safe cuts (argued in `eligibility.rs`, checked by the SmolLM2 campaign), so sessions on
+/// this model continue incrementally; a pre-tokenizer nobody argued for is still refused.
 #[test]
-fn the_incremental_tokenizer_refuses_smollm_s_pre_tokenizer_by_rule() {
+fn the_incremental_tokenizer_takes_smollm_s_pre_tokenizer_and_refuses_unknown_ones() {
     let Some(gguf) = smollm2() else { return };
     let folder = imported(&gguf, WeightDtype::F32);
-    let tokenizer = tokenizers::Tokenizer::from_file(folder.path().join("tokenizer.json")).unwrap();
-    let why = tokenrouter_core::tokenize::incremental::cut_rule_for(&tokenizer).unwrap_err().to_string();
-    assert!(why.contains("pre-tokenizer not understood") && why.contains("Digits"), "{why}");
+    let path = folder.path().join("tokenizer.json");
+    let tokenizer = tokenizers::Tokenizer::from_file(&path).unwrap();
+    let rule = tokenrouter_core::tokenize::incremental::cut_rule_for(&tokenizer).unwrap();
+    assert_eq!(rule.family(), tokenrouter_core::tokenize::incremental::RegexFamily::Gpt2);
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["pre_tokenizer"]["pretokenizers"][0] = serde_json::json!({ "type": "Punctuation", "behavior": "Isolated" });
+    let edited: tokenizers::Tokenizer = json.to_string().parse().unwrap();
+    let why = tokenrouter_core::tokenize::incremental::cut_rule_for(&edited).unwrap_err().to_string();
+    assert!(why.contains("pre-tokenizer not understood") && why.contains("Punctuation"), "{why}");
 }

@@ -30,6 +30,20 @@ pub fn llama3() -> Option<TextTokenizer> {
     load_once(&CELL, "llama3")
 }
 
+/// SmolLM2's tokenizer as the server serves it: rebuilt from the GGUF asset's metadata
+/// (`Digits` then GPT-2's byte-level regex).
+pub fn smollm2() -> Option<TextTokenizer> {
+    static CELL: OnceLock<TextTokenizer> = OnceLock::new();
+    if let Some(loaded) = CELL.get() {
+        return Some(loaded.clone());
+    }
+    let gguf = crate::assets::smollm2_gguf()?;
+    let dir = tempfile::TempDir::new().expect("a scratch folder");
+    crate::model::gguf_import::write_gguf_tokenizer(&gguf, dir.path()).expect("the GGUF's tokenizer rebuilds");
+    let tokenizer = TextTokenizer::from_folder(dir.path()).expect("the rebuilt tokenizer loads");
+    Some(CELL.get_or_init(|| tokenizer).clone())
+}
+
 /// Ids: 0 `<unk>`, 1 `<s>`, 2 `</s>`, 3..=258 the byte tokens `<0x00>`..`<0xFF>`, then characters
 /// and a few merged words ("▁hello", "▁world"). Pipeline as in Llama-2's tokenizer.json.
 pub fn metaspace_tokenizer() -> TextTokenizer {

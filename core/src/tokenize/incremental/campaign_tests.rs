@@ -1,20 +1,21 @@
 //! The differential campaign: random sessions of random continuations (appends and tail edits at
 //! random points: mid-word, inside whitespace runs, across `\r\n`, after punctuation, in and
 //! around special tokens, combining marks under NFC, digits, emoji, CJK, chat turns replacing
-//! the generation prompt), each checked against full tokenization, on the GPT-2-style, Qwen3
-//! and Llama 3 tokenizers. CI runs ≥ 100,000 continuations in all; set
+//! the generation prompt), each checked against full tokenization, on the GPT-2-style ones
+//! (with and without SmolLM2's `Digits` step), Qwen3, Llama 3 and SmolLM2 tokenizers. CI runs
+//! ≥ 100,000 continuations in all; set
 //! `TOKENROUTER_CAMPAIGN_CONTINUATIONS` (per tokenizer) for a larger campaign.
 
 use super::session::Session;
 use super::session_tokenizer::{EncodePath, SessionConfig, SessionTokenizer};
 use super::splice::{Continuation, CutWindow, Splicer};
-use super::test_tokenizers::{gpt2_style, push_piece, random_text, SPECIALS};
+use super::test_tokenizers::{gpt2_digits_style, gpt2_style, push_piece, random_text, SPECIALS};
 use crate::rng::SplitMix64;
-use crate::tokenize::test_support::{llama3, metaspace_tokenizer, qwen3};
+use crate::tokenize::test_support::{llama3, metaspace_tokenizer, qwen3, smollm2};
 use crate::tokenize::TextTokenizer;
 
-/// Per tokenizer in CI: three tokenizers make ≥ 100,000.
-const CI_CONTINUATIONS: usize = 34_000;
+/// Per tokenizer in CI: five tokenizers make ≥ 100,000.
+const CI_CONTINUATIONS: usize = 20_000;
 /// A session restarts once its text outgrows this (keeps each full-tokenization check cheap).
 const MAX_TEXT_BYTES: usize = 2_500;
 const PROMPTS: [&str; 2] = ["<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"];
@@ -127,6 +128,16 @@ fn campaign(name: &str, tok: Option<TextTokenizer>) {
 #[test]
 fn campaign_gpt2_style_zero_divergence() {
     campaign("gpt2-style", Some(gpt2_style()));
+}
+
+#[test]
+fn campaign_gpt2_digits_style_zero_divergence() {
+    campaign("gpt2-digits-style", Some(gpt2_digits_style()));
+}
+
+#[test]
+fn campaign_smollm2_zero_divergence() {
+    campaign("smollm2", smollm2());
 }
 
 #[test]

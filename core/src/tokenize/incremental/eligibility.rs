@@ -73,19 +73,30 @@ fn regex_family(tokenizer: &Tokenizer) -> Result<RegexFamily, Ineligible> {
     family_of(&value).ok_or_else(|| Ineligible(format!("pre-tokenizer not understood: {}", short(&value))))
 }
 
-/// GPT-2's `ByteLevel` with its own regex, or `Split(regex, Isolated)` then a regex-free
-/// `ByteLevel`. A prefix space would make a window tokenize differently from the middle of a
-/// text, so it must be off.
+/// GPT-2's `ByteLevel` with its own regex, alone or after `Digits` (SmolLM2, StarCoder);
+/// or `Split(regex, Isolated)` then a regex-free `ByteLevel`. A prefix space would make a
+/// window tokenize differently from the middle of a text, so it must be off.
+///
+/// `Digits` keeps GPT-2's cut rule: it only splits at the edges of numeric characters
+/// (each one, or each run), each decided by that character alone. Where the character
+/// before or after a cut is numeric, the cut is already a `Digits` boundary, so both sides
+/// are split alone exactly as in the whole text; where neither is, the piece holding the
+/// cut is a substring of the text with the same characters around the cut, for which the
+/// GPT-2 rule holds as it does for any text (the regex has no lookbehind). No rule cuts
+/// between two numeric characters.
 fn family_of(pre: &Value) -> Option<RegexFamily> {
     match pre.get("type")?.as_str()? {
         "ByteLevel" if is_plain_byte_level(pre, true) => Some(RegexFamily::Gpt2),
         "Sequence" => {
             let parts = pre.get("pretokenizers")?.as_array()?;
-            let [split, bytes] = parts.as_slice() else { return None };
+            let [first, bytes] = parts.as_slice() else { return None };
+            if first.get("type") == Some(&json!("Digits")) && is_plain_byte_level(bytes, true) {
+                return Some(RegexFamily::Gpt2);
+            }
             if !is_plain_byte_level(bytes, false) {
                 return None;
             }
-            split_family(split)
+            split_family(first)
         }
         _ => None,
     }

@@ -10,7 +10,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, TokenizerBuilder};
 
 use crate::rng::SplitMix64;
-use crate::tokenize::test_support::{llama3, qwen3};
+use crate::tokenize::test_support::{llama3, qwen3, smollm2};
 use crate::tokenize::{TextTokenizer, TokenizerConfig};
 
 pub const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -157,11 +157,28 @@ fn train_gpt2_style() -> TextTokenizer {
     TextTokenizer::from_parts(tokenizer, TokenizerConfig::default(), "gpt2-style".into())
 }
 
-/// Every tokenizer available to this run: the GPT-2-style one always, Qwen3 and Llama 3 when
-/// fetched.
+/// The GPT-2-style tokenizer with SmolLM2's pre-tokenizer: each digit split off first
+/// (`Digits`), then GPT-2's byte-level regex.
+pub fn gpt2_digits_style() -> TextTokenizer {
+    static CELL: OnceLock<TextTokenizer> = OnceLock::new();
+    CELL.get_or_init(|| {
+        let mut json: serde_json::Value =
+            serde_json::from_str(&gpt2_style().raw().to_string(false).expect("serializes")).expect("JSON");
+        let byte_level = json["pre_tokenizer"].clone();
+        json["pre_tokenizer"] = serde_json::json!({ "type": "Sequence", "pretokenizers": [
+            { "type": "Digits", "individual_digits": true }, byte_level ] });
+        let tokenizer: tokenizers::Tokenizer = json.to_string().parse().expect("tokenizer parses back");
+        TextTokenizer::from_parts(tokenizer, TokenizerConfig::default(), "gpt2-digits-style".into())
+    })
+    .clone()
+}
+
+/// Every tokenizer available to this run: the GPT-2-style ones always, Qwen3, Llama 3 and
+/// SmolLM2's when fetched.
 pub fn campaign_tokenizers() -> Vec<(&'static str, TextTokenizer)> {
-    let mut all = vec![("gpt2-style", gpt2_style())];
+    let mut all = vec![("gpt2-style", gpt2_style()), ("gpt2-digits-style", gpt2_digits_style())];
     all.extend(qwen3().map(|t| ("qwen3", t)));
     all.extend(llama3().map(|t| ("llama3", t)));
+    all.extend(smollm2().map(|t| ("smollm2", t)));
     all
 }
