@@ -102,6 +102,10 @@ def check_tool_round_trip(client: openai.OpenAI, model: str) -> int:
     kept = client.responses.retrieve(answered.id)
     if kept.id != answered.id or kept.output_text != answered.output_text:
         return fail(f"retrieve: {kept!r}")
+    items = list(client.responses.input_items.list(answered.id, order="asc"))
+    if [item.type for item in items][-2:] != ["function_call", "function_call_output"]:
+        return fail(f"input items: {items!r}")
+    print(f"input items: {', '.join(item.type for item in items)}")
     deleted = client.responses.delete(answered.id)
     try:
         client.responses.retrieve(answered.id)

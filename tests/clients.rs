@@ -145,6 +145,7 @@ fn the_official_openai_client_speaks_the_responses_api() {
         "parsed: City(",
         "tool call: get_weather(",
         "round trip:",
+        "input items:",
         "retrieved and deleted:",
         "refused by name:",
     ] {

@@ -172,6 +172,49 @@ async fn a_key_never_reads_or_continues_anothers_response() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_items_list_what_went_into_a_response_a_page_at_a_time() {
+    let Some(s) = start(test_limits(), vec!["k1".into(), "k2".into()]).await else { return };
+    let (_, first) = post_as(&s, "k1", "/v1/responses", &json!({ "input": "Hello", "max_output_tokens": 3 })).await;
+    let first_id = first["id"].as_str().unwrap();
+    let call = json!({ "type": "function_call", "call_id": "call_7", "name": "lookup", "arguments": "{}" });
+    let output = json!({ "type": "function_call_output", "call_id": "call_7", "output": "42" });
+    let body = json!({ "previous_response_id": first_id, "max_output_tokens": 3,
+        "input": [{ "role": "user", "content": "Look it up" }, call, output] });
+    let (status, second) = post_as(&s, "k1", "/v1/responses", &body).await;
+    assert_eq!(status, 200, "{second}");
+    let path = format!("/v1/responses/{}/input_items?order=asc", second["id"].as_str().unwrap());
+    let (status, listed) = call_as(&s, "k1", reqwest::Method::GET, &path).await;
+    assert_eq!(status, 200, "{listed}");
+    let items = listed["data"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> =
+        items.iter().map(|i| (i["type"].as_str().unwrap(), i["role"].as_str().unwrap_or("-"))).collect();
+    let first_said = output_text(&first);
+    let mut expected = vec![("message", "user")];
+    if !first_said.is_empty() {
+        expected.push(("message", "assistant"));
+    }
+    expected.extend([("message", "user"), ("function_call", "-"), ("function_call_output", "-")]);
+    assert_eq!(kinds, expected, "the kept turn, then this request's input: {listed}");
+    assert_eq!(items[0]["content"][0]["text"], "Hello");
+    assert_eq!(items.last().unwrap()["output"], "42");
+    let (_, of_first) = call_as(&s, "k1", reqwest::Method::GET, &format!("/v1/responses/{first_id}/input_items")).await;
+    assert_eq!(of_first["data"][0]["id"], items[0]["id"], "an item keeps its id along the chain: {of_first}");
+    let newest = format!("/v1/responses/{}/input_items?limit=1", second["id"].as_str().unwrap());
+    let (_, page) = call_as(&s, "k1", reqwest::Method::GET, &newest).await;
+    assert_eq!(
+        (page["data"][0]["type"].as_str(), page["has_more"].as_bool()),
+        (Some("function_call_output"), Some(true))
+    );
+    let (status, error) = call_as(&s, "k2", reqwest::Method::GET, &path).await;
+    assert_eq!((status, error["error"]["code"].as_str()), (404, Some("response_not_found")), "{error}");
+    let bad = format!("{path}&limit=0");
+    let (status, error) = call_as(&s, "k1", reqwest::Method::GET, &bad).await;
+    assert_eq!((status, error["error"]["param"].as_str()), (400, Some("limit")), "{error}");
+    s.wait_all_kv_free().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_keeps_within_its_bounds_and_store_false_keeps_nothing() {
     let mut limits = test_limits();
     limits.responses = ResponseStoreLimits { max_entries: 2, max_tokens: 100_000, ttl: Duration::from_secs(3600) };

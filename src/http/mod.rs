@@ -58,6 +58,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/responses", web::post().to(responses::create))
         .route("/v1/responses/{id}", web::get().to(responses::get))
         .route("/v1/responses/{id}", web::delete().to(responses::delete))
+        .route("/v1/responses/{id}/input_items", web::get().to(responses::input_items))
         .route("/v1/messages", web::post().to(anthropic::messages))
         .route("/v1/messages/count_tokens", web::post().to(anthropic::count_tokens))
         .route("/v1/models", web::get().to(info::models))

@@ -54,7 +54,15 @@ pub fn document(state: &AppState) -> Value {
     });
     if !state.api_keys.is_empty() {
         doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
-        for path in ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/{id}", "/v1/models"] {
+        let secured = [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/responses/{id}",
+            "/v1/responses/{id}/input_items",
+            "/v1/models",
+        ];
+        for path in secured {
             for operation in doc["paths"][path].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
                 operation["security"] = json!([{ "bearer": [] }]);
             }
@@ -228,6 +236,13 @@ fn responses_paths() -> Value {
             "required": ["id", "deleted"], "properties": { "id": { "type": "string" }, "object": { "type": "string" },
             "deleted": { "type": "boolean" } } })) },
         "401": reference("responses", "Error"), "404": reference("responses", "Error") });
+    let listed = json!({ "200": { "description": "A page of input items.", "content": json_content(json!({
+            "type": "object", "required": ["object", "data", "has_more"], "properties": {
+            "object": { "type": "string", "enum": ["list"] }, "data": { "type": "array", "items": { "type": "object" } },
+            "first_id": { "type": "string", "nullable": true }, "last_id": { "type": "string", "nullable": true },
+            "has_more": { "type": "boolean" } } })) },
+        "400": reference("responses", "Error"), "401": reference("responses", "Error"),
+        "404": reference("responses", "Error") });
     json!({
         "/v1/responses": { "post": {
             "operationId": "createResponse",
@@ -241,7 +256,21 @@ fn responses_paths() -> Value {
             "delete": { "operationId": "deleteResponse", "summary": "Forgets a response kept for this key.",
                         "parameters": id, "responses": deleted },
         },
+        "/v1/responses/{id}/input_items": { "get": {
+            "operationId": "listResponseInputItems",
+            "summary": "What went into a kept response (the chain's kept turns and its own input) as items, newest first by default.",
+            "parameters": input_item_parameters(), "responses": listed } },
     })
+}
+
+fn input_item_parameters() -> Value {
+    json!([
+        { "name": "id", "in": "path", "required": true, "schema": { "type": "string" } },
+        { "name": "limit", "in": "query", "schema": { "type": "integer", "minimum": 1, "maximum": 100 } },
+        { "name": "order", "in": "query", "schema": { "type": "string", "enum": ["asc", "desc"] } },
+        { "name": "after", "in": "query", "schema": { "type": "string" },
+          "description": "An item id from an earlier page; an id not in the response is refused (400)." },
+    ])
 }
 
 fn response_request(b: &Bounds) -> Value {

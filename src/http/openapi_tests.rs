@@ -79,6 +79,7 @@ fn the_document_parses_lists_every_route_and_resolves_its_refs() {
         "/v1/models",
         "/v1/responses",
         "/v1/responses/{id}",
+        "/v1/responses/{id}/input_items",
         "/v1/stats",
         "/v1/stats/history",
     ];

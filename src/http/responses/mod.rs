@@ -6,6 +6,7 @@
 //! continue one tokenization session, so a turn tokenizes only its new text, and the
 //! prefix cache holds the transcript's K/V, so it prefills only its new tokens.
 
+mod items;
 mod request;
 mod response;
 pub mod store;
@@ -114,4 +115,16 @@ pub async fn delete(req: HttpRequest, id: web::Path<String>) -> Result<HttpRespo
         return Err(not_found(&id));
     }
     Ok(HttpResponse::Ok().json(json!({ "id": id.as_str(), "object": "response", "deleted": true })))
+}
+
+/// `GET /v1/responses/{id}/input_items`: the kept response's input (its chain's kept turns
+/// and its own input) as items, a page at a time.
+pub async fn input_items(req: HttpRequest, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let state = app_state(&req)?;
+    let owner = owner(&req).await?;
+    let stored = state.responses.get(&id, &owner).ok_or_else(|| not_found(&id))?;
+    // The last kept message is the response's own output.
+    let inputs = &stored.messages[..stored.messages.len().saturating_sub(1)];
+    let page = items::page(items::conversation_items(&stored.chain, inputs), req.query_string())?;
+    Ok(HttpResponse::Ok().json(page))
 }
