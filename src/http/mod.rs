@@ -24,6 +24,7 @@ mod history;
 mod info;
 mod metrics;
 mod openapi;
+mod openapi_anthropic;
 mod parse_errors;
 mod request;
 mod response;

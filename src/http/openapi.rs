@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 use tokenrouter_core::model::sampler::MAX_LOGPROBS;
 use tokenrouter_core::tokenize::BUILT_IN_VARIABLES;
 
+use super::openapi_anthropic;
 use super::state::{AppState, RequestLimits};
 
 /// What the document needs to know about the server.
@@ -47,11 +48,15 @@ pub fn document(state: &AppState) -> Value {
         "info": {
             "title": "tokenrouter",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "OpenAI-compatible API of a token-level LLM routing engine. Errors are OpenAI's envelope.",
+            "description": "OpenAI-compatible API of a token-level LLM routing engine. Errors are OpenAI's envelope \
+                (Anthropic's on the /v1/messages routes).",
         },
         "paths": paths_with_responses(),
         "components": { "schemas": schemas(&bounds), "responses": error_responses() },
     });
+    merge(&mut doc["paths"], openapi_anthropic::paths());
+    merge(&mut doc["components"]["schemas"], openapi_anthropic::schemas(bounds.max_tokens, &bounds.models));
+    doc["components"]["responses"]["AnthropicError"] = openapi_anthropic::error_response();
     if !state.api_keys.is_empty() {
         doc["components"]["securitySchemes"] = json!({ "bearer": { "type": "http", "scheme": "bearer" } });
         let secured = [
@@ -60,6 +65,8 @@ pub fn document(state: &AppState) -> Value {
             "/v1/responses",
             "/v1/responses/{id}",
             "/v1/responses/{id}/input_items",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
             "/v1/models",
         ];
         for path in secured {
@@ -69,6 +76,13 @@ pub fn document(state: &AppState) -> Value {
         }
     }
     doc
+}
+
+/// Adds `more`'s keys to the object `into`.
+fn merge(into: &mut Value, more: Value) {
+    if let (Some(into), Value::Object(more)) = (into.as_object_mut(), more) {
+        into.extend(more);
+    }
 }
 
 /// The served id, then each engine model, as `/v1/models` lists them.
@@ -205,9 +219,7 @@ fn schemas(b: &Bounds) -> Value {
 /// Every path: the chat-shaped ones and the Responses API's.
 fn paths_with_responses() -> Value {
     let mut all = paths();
-    if let (Some(all), Value::Object(more)) = (all.as_object_mut(), responses_paths()) {
-        all.extend(more);
-    }
+    merge(&mut all, responses_paths());
     all
 }
 

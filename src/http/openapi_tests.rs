@@ -76,6 +76,8 @@ fn the_document_parses_lists_every_route_and_resolves_its_refs() {
         "/openapi.json",
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/v1/responses",
         "/v1/responses/{id}",
