@@ -148,31 +148,42 @@ fn paths() -> Value {
 
 /// A generation endpoint: JSON or (with `stream: true`) server-sent events.
 fn generation(id: &str, request: &str, response: &str) -> Value {
-    let mut responses = Map::new();
+    let mut responses = generation_errors("Error");
     responses.insert(
         "200".into(),
-        json!({
-            "description": "The completion; with `stream: true`, server-sent events of chunks ending in `data: [DONE]` \
+        json_or_events(
+            "The completion; with `stream: true`, server-sent events of chunks ending in `data: [DONE]` \
                 (with `routing.trace`, each chunk also names its tokens' models in `routing.models`; with \
                 `stream_options.include_usage`, a last chunk carries `usage` with `tokens_per_model`).",
-            "content": {
-                "application/json": { "schema": schema(response) },
-                // Each event: `data` holds a chunk as JSON, or `[DONE]`.
-                "text/event-stream": { "schema": {
-                    "type": "object",
-                    "required": ["data"],
-                    "properties": { "data": { "type": "string" }, "event": { "type": "string" } },
-                }},
-            },
-        }),
+            schema(response),
+        ),
     );
-    for status in ["400", "401", "404", "413", "429", "500", "503", "504"] {
-        responses.insert(status.into(), reference("responses", "Error"));
-    }
     json!({
         "operationId": id,
         "requestBody": { "required": true, "content": json_content(schema(request)) },
         "responses": responses,
+    })
+}
+
+/// The error statuses a generation route answers, each with the error response named
+/// `error` (`Error`, OpenAI's envelope, or `AnthropicError`).
+pub(super) fn generation_errors(error: &str) -> Map<String, Value> {
+    ["400", "401", "404", "413", "429", "500", "503", "504"]
+        .into_iter()
+        .map(|status| (status.to_string(), reference("responses", error)))
+        .collect()
+}
+
+/// A generation's answer: `schema` as JSON, or server-sent events (`data` holds a chunk,
+/// `event` names it where the API names its events).
+pub(super) fn json_or_events(description: &str, schema: Value) -> Value {
+    json!({
+        "description": description,
+        "content": {
+            "application/json": { "schema": schema },
+            "text/event-stream": { "schema": { "type": "object", "required": ["data"],
+                "properties": { "data": { "type": "string" }, "event": { "type": "string" } } } },
+        },
     })
 }
 
@@ -224,22 +235,14 @@ fn paths_with_responses() -> Value {
 }
 
 fn responses_paths() -> Value {
-    let mut errors = Map::new();
-    for status in ["400", "401", "404", "413", "429", "500", "503", "504"] {
-        errors.insert(status.into(), reference("responses", "Error"));
-    }
-    let mut created = errors.clone();
+    let mut created = generation_errors("Error");
     created.insert(
         "200".into(),
-        json!({
-            "description": "The response; with `stream: true`, server-sent events named by their `type` \
+        json_or_events(
+            "The response; with `stream: true`, server-sent events named by their `type` \
                 (`response.created` … `response.completed`), each with a `sequence_number`, and no `[DONE]`.",
-            "content": {
-                "application/json": { "schema": schema("Response") },
-                "text/event-stream": { "schema": { "type": "object", "required": ["data"],
-                    "properties": { "data": { "type": "string" }, "event": { "type": "string" } } } },
-            },
-        }),
+            schema("Response"),
+        ),
     );
     let id = json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]);
     let kept = json!({ "200": { "description": "The kept response.", "content": json_content(schema("Response")) },

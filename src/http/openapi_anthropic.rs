@@ -3,7 +3,9 @@
 //! fuzz test reach them: the request as this server reads it, the `message` answer (or
 //! Anthropic's named events when streamed) and Anthropic's error envelope.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
+
+use super::openapi::{generation_errors, json_or_events};
 
 fn reference(kind: &str, name: &str) -> Value {
     json!({ "$ref": format!("#/components/{kind}/{name}") })
@@ -11,24 +13,15 @@ fn reference(kind: &str, name: &str) -> Value {
 
 /// The two paths.
 pub fn paths() -> Value {
-    let mut errors = Map::new();
-    for status in ["400", "401", "404", "413", "429", "500", "503", "504"] {
-        errors.insert(status.into(), reference("responses", "AnthropicError"));
-    }
-    let mut answered = errors.clone();
+    let mut answered = generation_errors("AnthropicError");
     answered.insert(
         "200".into(),
-        json!({
-            "description": "The message; with `stream: true`, Anthropic's named events (`message_start` … \
-                `message_stop`).",
-            "content": {
-                "application/json": { "schema": reference("schemas", "AnthropicMessage") },
-                "text/event-stream": { "schema": { "type": "object", "required": ["data"],
-                    "properties": { "data": { "type": "string" }, "event": { "type": "string" } } } },
-            },
-        }),
+        json_or_events(
+            "The message; with `stream: true`, Anthropic's named events (`message_start` … `message_stop`).",
+            reference("schemas", "AnthropicMessage"),
+        ),
     );
-    let mut counted = errors;
+    let mut counted = generation_errors("AnthropicError");
     counted.insert(
         "200".into(),
         json!({ "description": "The prompt's tokens as the template renders it.",
