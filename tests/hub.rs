@@ -117,7 +117,8 @@ fn a_gated_repository_needs_the_token() {
 
 #[test]
 fn offline_and_unreachable_use_the_cache_or_say_what_is_missing() {
-    let hub = StandInHub::start(vec![("org/m", vec![HubFile::new("m.gguf", noise(1000, 4), true)])], Quirks::default());
+    let files = vec![HubFile::new("m.gguf", noise(1000, 4), true), HubFile::new("q4/m.gguf", noise(900, 5), true)];
+    let hub = StandInHub::start(vec![("org/m", files)], Quirks::default());
     let home = TempDir::new().unwrap();
     let online = settings(&hub, home.path());
     let offline = HubSettings { offline: true, ..online.clone() };
@@ -127,6 +128,9 @@ fn offline_and_unreachable_use_the_cache_or_say_what_is_missing() {
     let requests = hub.ranges_of("m.gguf").len();
     assert_eq!(fetch("org/m:m.gguf", &offline).unwrap(), downloaded);
     assert_eq!(hub.ranges_of("m.gguf").len(), requests, "offline asks the Hub nothing");
+    let nested = fetch("org/m:q4/m.gguf", &online).unwrap();
+    assert!(nested.ends_with(format!("snapshots/{COMMIT}/q4/m.gguf")), "{}", nested.display());
+    assert_eq!(fetch("org/m:q4/m.gguf", &offline).unwrap(), nested, "a file in a folder of the repository");
 
     // Nothing listens on a port just freed.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();

@@ -138,24 +138,15 @@ pub fn fetch(model: &HubModel, settings: &HubSettings, progress: Option<&MultiPr
 
 /// The model from the cache alone, when every file it needs is there.
 pub fn cached(model: &HubModel, settings: &HubSettings) -> Option<PathBuf> {
-    let snapshot = cache_repo_snapshot(model, settings)?;
-    let path = match &model.file {
-        Some(file) => snapshot.join(file),
-        None => snapshot.clone(),
-    };
-    let complete = match &model.file {
-        Some(_) => path.is_file(),
-        None => snapshot.join("config.json").is_file() && has_weights(&snapshot),
-    };
-    complete.then_some(path)
-}
-
-fn cache_repo_snapshot(model: &HubModel, settings: &HubSettings) -> Option<PathBuf> {
-    let cache = Cache::new(settings.cache_dir.clone());
-    let repo = cache.repo(Repo::model(model.repo.clone()));
-    // `get` reads the ref `main` points at; any file of the snapshot names its folder.
-    let config = repo.get(model.file.as_deref().unwrap_or("config.json"))?;
-    config.parent().map(Path::to_path_buf)
+    // `get` looks in the snapshot the ref `main` points at.
+    let repo = Cache::new(settings.cache_dir.clone()).model(model.repo.clone());
+    match &model.file {
+        Some(file) => repo.get(file),
+        None => {
+            let folder = repo.get("config.json")?.parent()?.to_path_buf();
+            has_weights(&folder).then_some(folder)
+        }
+    }
 }
 
 fn has_weights(folder: &Path) -> bool {
@@ -176,7 +167,8 @@ async fn fetch_async(
             )
         });
     }
-    let api = ApiBuilder::from_cache(Cache::new(settings.cache_dir.clone()))
+    let cache = Cache::new(settings.cache_dir.clone());
+    let api = ApiBuilder::from_cache(cache.clone())
         .with_endpoint(settings.endpoint.clone())
         .with_token(settings.token.clone())
         .with_progress(false)
@@ -199,7 +191,8 @@ async fn fetch_async(
     };
     let wanted = files_to_fetch(model, &listing.siblings)?;
     let repo = api.repo(Repo::with_revision(model.repo.clone(), RepoType::Model, listing.sha.clone()));
-    let snapshot = Cache::new(settings.cache_dir.clone()).model(model.repo.clone()).pointer_path(&listing.sha);
+    let cached_repo = cache.model(model.repo.clone());
+    let snapshot = cached_repo.pointer_path(&listing.sha);
     for file in &wanted {
         let local = snapshot.join(&file.rfilename);
         if local.is_file() && size_matches(&local, file) {
@@ -215,10 +208,7 @@ async fn fetch_async(
     }
     // `download` records the commit under the ref it was asked for (the commit itself):
     // point `main` at it too, so the offline lookup finds this snapshot.
-    Cache::new(settings.cache_dir.clone())
-        .model(model.repo.clone())
-        .create_ref(&listing.sha)
-        .map_err(|e| format!("{}: {e}", settings.cache_dir.display()))?;
+    cached_repo.create_ref(&listing.sha).map_err(|e| format!("{}: {e}", settings.cache_dir.display()))?;
     Ok(match &model.file {
         Some(file) => snapshot.join(file),
         None => snapshot,

@@ -142,6 +142,9 @@ pub struct Plan {
     pub tools_forced: bool,
     /// Completions with `echo`: the prompt's text, which each choice's text starts with.
     pub echo: Option<String>,
+    /// A stop string the server added (the end of a call, for `parallel_tool_calls:
+    /// false`) and the client did not give: never reported as the one that ended a choice.
+    pub server_stop: Option<&'static str>,
 }
 
 /// Most choices one request may ask for (`n`).
@@ -199,7 +202,8 @@ impl OpenAiRequest {
         let vocab = state.engine.vocab_size();
         let logit_bias = fields::logit_bias_of(self.logit_bias.as_ref(), vocab)?;
         let mut stop = self.stop_strings(limits)?;
-        stop.extend(tools.as_ref().and_then(|t| t.stop_after_call).map(str::to_string));
+        let server_stop = tools.as_ref().and_then(|t| t.stop_after_call).filter(|s| !stop.iter().any(|own| own == s));
+        stop.extend(server_stop.map(str::to_string));
         let stop_ids = self.stop_token_ids(limits, vocab)?;
         self.check_session_id(limits)?;
         let model = state.check_model(self.model.as_deref())?;
@@ -240,6 +244,7 @@ impl OpenAiRequest {
             tool_syntax: tools.and_then(|t| t.parse),
             tools_forced,
             echo,
+            server_stop,
         })
     }
 

@@ -27,6 +27,8 @@ pub struct Shape {
     pub tool_syntax: Option<ToolSyntax>,
     /// The prompt's text, which completion texts start with (`echo`).
     pub echo: Option<String>,
+    /// The stop string the server added, never named as the client's (`Plan::server_stop`).
+    pub server_stop: Option<&'static str>,
     pub engine: Arc<dyn Generator>,
     model_names: Vec<String>,
 }
@@ -48,6 +50,7 @@ impl Shape {
             include_usage: plan.include_usage,
             tool_syntax: plan.tool_syntax,
             echo: plan.echo.clone(),
+            server_stop: plan.server_stop,
             model_names: engine.model_names(),
             engine,
         }
@@ -216,8 +219,8 @@ impl StreamEncoder {
         }
     }
 
-    /// The held-back text and calls (if any), then the finish chunk.
-    /// The last chunks; `stop` is the stop string that ended the choice, if one did.
+    /// The held-back text and calls (if any), then the finish chunk; `stop` is the stop
+    /// string that ended the choice, if one did.
     pub fn finished(&mut self, reason: FinishReason, tail: &str, stop: Option<&str>) -> Vec<Value> {
         let mut out = match self.tools.as_mut() {
             Some(parser) => {
@@ -237,7 +240,7 @@ impl StreamEncoder {
         };
         let finish = choice_finish_reason(reason, self.calls);
         let mut last = self.chunk(delta, &[], Some(finish));
-        mark_stop_string(&mut last["choices"][0], finish, stop);
+        mark_stop_string(&mut last["choices"][0], finish, stop, self.shape.server_stop);
         out.push(last);
         out
     }
@@ -310,12 +313,13 @@ impl StreamEncoder {
     }
 }
 
-/// Names the stop string that ended a choice, as vLLM's `stop_reason` does (Anthropic's
-/// `stop_sequence` is read from it). Not on a choice that ended in tool calls: the stop
-/// string there is the server's own end of a call.
-fn mark_stop_string(choice: &mut Value, finish: &str, stop: Option<&str>) {
-    if let (Some(stop), "stop") = (stop, finish) {
-        choice["stop_reason"] = json!(stop);
+/// Names the client's stop string that ended a choice, as vLLM's `stop_reason` does
+/// (Anthropic's `stop_sequence` is read from it): not on a choice that ended in tool calls,
+/// nor for the stop string the server added itself (`server_stop`).
+fn mark_stop_string(choice: &mut Value, finish: &str, stop: Option<&str>, server_stop: Option<&str>) {
+    match (stop, finish) {
+        (Some(stop), "stop") if Some(stop) != server_stop => choice["stop_reason"] = json!(stop),
+        _ => {}
     }
 }
 
@@ -355,7 +359,7 @@ impl Collected {
         choice["logprobs"] = s.logprobs_value(&self.tokens);
         let finish = choice_finish_reason(reason, calls);
         choice["finish_reason"] = json!(finish);
-        mark_stop_string(&mut choice, finish, stop);
+        mark_stop_string(&mut choice, finish, stop, s.server_stop);
         if s.token_ids {
             choice["token_ids"] = self.tokens.iter().map(|t| t.token).collect();
         }
@@ -419,5 +423,23 @@ pub fn add_choice_usage(total: &mut Usage, choice: &Usage) {
     }
     for (sum, n) in total.tokens_per_model.iter_mut().zip(&choice.tokens_per_model) {
         *sum += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_clients_stop_string_is_named() {
+        let named = |stop: Option<&str>, finish: &str, server_stop: Option<&str>| {
+            let mut choice = json!({});
+            mark_stop_string(&mut choice, finish, stop, server_stop);
+            choice.get("stop_reason").cloned()
+        };
+        assert_eq!(named(Some("END"), "stop", Some("</tool_call>")), Some(json!("END")));
+        assert_eq!(named(Some("</tool_call>"), "stop", Some("</tool_call>")), None, "the server's own");
+        assert_eq!(named(Some("END"), "tool_calls", None), None);
+        assert_eq!(named(None, "stop", None), None, "ended by EOS or the grammar");
     }
 }
