@@ -29,4 +29,5 @@ mod prefix_cache;
 mod reliability;
 mod responses;
 mod smollm2;
+mod speculation;
 mod sweep;

@@ -570,7 +570,21 @@ impl ComputeLoop {
         }
         let committed = outcome.events.iter().filter(|e| matches!(e, RequestEvent::Token { .. })).count();
         metrics::counter!("tokenrouter_tokens_generated_total", "model" => model.clone()).increment(committed as u64);
+        for event in &outcome.events {
+            if let RequestEvent::Verified { accepted, .. } = event {
+                metrics::histogram!("tokenrouter_spec_accepted_tokens", "model" => model.clone())
+                    .record(*accepted as f64);
+            }
+        }
         let st = self.sub.stats();
+        if st.verify_rows > 0 {
+            metrics::counter!("tokenrouter_spec_drafted_tokens_total", "model" => model.clone())
+                .absolute(st.drafted_tokens);
+            metrics::counter!("tokenrouter_spec_accepted_tokens_total", "model" => model.clone())
+                .absolute(st.accepted_draft_tokens);
+            metrics::gauge!("tokenrouter_spec_acceptance_rate", "model" => model.clone())
+                .set(st.accepted_draft_tokens as f64 / st.drafted_tokens.max(1) as f64);
+        }
         let decided = st.tokens_committed + st.handoffs_out;
         if decided > 0 {
             metrics::gauge!("tokenrouter_routed_fraction", "model" => model.clone())

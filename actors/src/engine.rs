@@ -414,6 +414,7 @@ impl Engine {
             stop_ids,
             policy: request.policy.unwrap_or_else(|| s.default_policy.clone()),
             constraint,
+            speculation: request.speculation,
         });
         let need = KvNeed::new(spec.prompt.len(), max_tokens)
             .with_cached(s.cached_everywhere(&spec.prompt))

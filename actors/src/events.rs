@@ -5,6 +5,7 @@ use tokenrouter_core::constrain::GrammarSpec;
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::policy::{ModelIndex, Policy};
 use tokenrouter_core::sched::FinishReason;
+use tokenrouter_core::spec::{DraftSource, Speculation};
 
 use std::sync::Arc;
 
@@ -30,6 +31,8 @@ pub struct GenerateRequest {
     pub deadline: Option<std::time::Duration>,
     /// Structured output: what the output must match.
     pub grammar: Option<GrammarSpec>,
+    /// Speculative decoding: drafts the models verify (the output stays each model's own).
+    pub speculation: Option<Speculation>,
 }
 
 impl GenerationEvent {
@@ -51,6 +54,7 @@ impl GenerateRequest {
             skip_special_tokens: true,
             deadline: None,
             grammar: None,
+            speculation: None,
         }
     }
 }
@@ -66,6 +70,38 @@ pub struct Usage {
     /// Prompt tokens whose K/V the first model reused from its prefix cache (OpenAI's
     /// `prompt_tokens_details.cached_tokens`).
     pub cached_tokens: usize,
+    /// Speculative decoding's drafts and what came of them.
+    pub speculation: SpeculationUsage,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SpeculationUsage {
+    /// Rows of verify steps the request took part in.
+    pub verify_steps: usize,
+    /// Tokens drafted from every source, and those kept (each kept one is a committed
+    /// token that cost no step of its own).
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+    /// The part of them from the client's prediction (OpenAI's
+    /// `accepted_prediction_tokens` and, drafted but not kept, `rejected_prediction_tokens`).
+    pub prediction_drafted: usize,
+    pub prediction_accepted: usize,
+}
+
+impl SpeculationUsage {
+    pub fn record(&mut self, source: DraftSource, drafted: usize, accepted: usize) {
+        self.verify_steps += 1;
+        self.drafted_tokens += drafted;
+        self.accepted_tokens += accepted;
+        if source == DraftSource::Prediction {
+            self.prediction_drafted += drafted;
+            self.prediction_accepted += accepted;
+        }
+    }
+
+    pub fn rejected_prediction_tokens(&self) -> usize {
+        self.prediction_drafted - self.prediction_accepted
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +116,8 @@ pub enum GenerationEvent {
         logprob: Option<f32>,
         top_logprobs: Vec<(u32, f32)>,
         text: String,
+        /// The token was a draft's guess that `model` verified (speculative decoding).
+        drafted: bool,
     },
     /// The end; `text` is whatever was held back until now.
     Finished { reason: FinishReason, usage: Usage, text: String, stop: Option<String> },

@@ -73,6 +73,8 @@ pub struct RequestCore {
     usage: Usage,
     text: Option<TextStream>,
     ended: bool,
+    /// Output indices below this that follow the last verify step's start came from its draft.
+    drafted_until: usize,
 }
 
 impl RequestCore {
@@ -83,7 +85,7 @@ impl RequestCore {
         text: Option<TextStream>,
     ) -> Self {
         let usage = Usage { prompt_tokens: spec.prompt.len(), tokens_per_model: vec![0; models], ..Usage::default() };
-        RequestCore { spec, client, committed: Vec::new(), usage, text, ended: false }
+        RequestCore { spec, client, committed: Vec::new(), usage, text, ended: false, drafted_until: 0 }
     }
 
     pub fn committed(&self) -> &[u32] {
@@ -108,6 +110,11 @@ impl RequestCore {
             }
             RequestEvent::Moved { .. } => {
                 self.usage.switches += 1;
+                Next::Continue
+            }
+            RequestEvent::Verified { first_index, drafted, accepted, source, .. } => {
+                self.usage.speculation.record(source, drafted, accepted);
+                self.drafted_until = first_index + accepted;
                 Next::Continue
             }
             RequestEvent::CachedPrefix { tokens, .. } => {
@@ -176,7 +183,9 @@ impl RequestCore {
         };
         let (text, stop) = step.map(|st| (st.text, st.stop)).unwrap_or_default();
         // A failed send means the client is gone: stop working for it.
-        if self.client.send(GenerationEvent::Token { index, token, model, logprob, top_logprobs, text }).is_err() {
+        let drafted = index < self.drafted_until;
+        let event = GenerationEvent::Token { index, token, model, logprob, top_logprobs, text, drafted };
+        if self.client.send(event).is_err() {
             return self.cancel();
         }
         if let Some(stop) = stop {

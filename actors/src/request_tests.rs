@@ -22,6 +22,7 @@ fn spec() -> Arc<RequestSpec> {
             build("random", &serde_json::json!({}), &infos, &PolicyContext::default()).expect("a built-in policy")
         },
         constraint: None,
+        speculation: None,
     })
 }
 

@@ -138,6 +138,7 @@ fn reference_outputs(m: &Models, policy: Arc<dyn Policy>, n: u64) -> HashMap<u64
             stop_ids: vec![],
             policy: policy.clone(),
             constraint: None,
+            speculation: None,
         }
     })
 }

@@ -5,6 +5,7 @@ pub mod policy;
 pub mod pool;
 pub mod rng;
 pub mod sched;
+pub mod spec;
 pub mod sse;
 pub mod tokenize;
 pub mod tools;

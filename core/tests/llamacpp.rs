@@ -242,3 +242,11 @@ fn a_cached_prefix_shares_cells_and_gives_the_logits_of_a_full_prefill() {
     let mut after = b.new_sequence();
     assert_eq!(after.attach_cached_prefix(&second), 0);
 }
+
+/// A verify step's logits at every drafted position equal decoding them one by one.
+#[test]
+fn outputs_at_every_fed_position_equal_decoding_one_by_one() {
+    let dir = model_or_skip!(5);
+    let mut b = load(dir.path(), BackendKind::Llamacpp, 512);
+    support::assert_outputs_at_every_fed_position(b.as_mut(), &tokens(5, 20), &tokens(6, 6), 2e-2);
+}

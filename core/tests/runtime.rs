@@ -2,6 +2,7 @@
 //! resume by extend, KV accounting, and refusals.
 
 mod kernel_paths;
+mod support;
 
 use tempfile::TempDir;
 use tokenrouter_core::model::init::{write_random_model, InitOptions};
@@ -255,4 +256,12 @@ fn varlen_equivalence_holds_on_every_kernel_path() {
         "f16_weights_give_the_same_logits_in_one_prefill_or_in_chunks",
         "long_prefill_equals_the_same_prompt_in_chunks",
     ]);
+}
+
+/// A verify step's logits at every drafted position equal decoding them one by one.
+#[test]
+fn outputs_at_every_fed_position_equal_decoding_one_by_one() {
+    let dir = random_model(9);
+    let mut b = backend(&dir, 256);
+    support::assert_outputs_at_every_fed_position(&mut b, &tokens(3, 13), &tokens(4, 7), 1e-3);
 }

@@ -2,6 +2,8 @@
 //! sequential reference token for token, and every KV block comes back.
 
 mod kernel_paths;
+#[path = "sched/speculation.rs"]
+mod speculation;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -94,6 +96,7 @@ fn specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
                 stop_ids: vec![],
                 policy: policy.clone(),
                 constraint: None,
+                speculation: None,
             })
         })
         .collect()
@@ -167,7 +170,7 @@ fn serve_with_faults(
                     });
                 }
                 RequestEvent::Failed { id, message } => panic!("request {id} failed: {message}"),
-                RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } => {}
+                RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } | RequestEvent::Verified { .. } => {}
                 RequestEvent::Resume { .. } => unreachable!("a subserver never asks to resume by itself"),
                 RequestEvent::OutOfService { .. } => unreachable!("only a compute thread takes a model out of service"),
             }
@@ -286,6 +289,7 @@ fn sharing_specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
                 stop_ids: vec![],
                 policy: policy.clone(),
                 constraint: None,
+                speculation: None,
             })
         })
         .collect()

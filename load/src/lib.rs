@@ -16,6 +16,7 @@ pub mod record;
 pub mod report;
 pub mod runner;
 pub mod soak;
+pub mod spec;
 pub mod sse;
 pub mod stats;
 pub mod target;

@@ -8,6 +8,7 @@ use std::fmt;
 use serde::de::{self, value::MapAccessDeserializer, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use tokenrouter_actors::StepLimits;
+use tokenrouter_core::spec::{Speculation, SpeculationMethod};
 
 /// Delayed batching and step sizes, for every subserver.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -38,6 +39,29 @@ pub struct SchedulerSection {
     /// (models with a saved `profile` skip it).
     #[serde(default = "defaults::startup_profile")]
     pub startup_profile: bool,
+    /// Speculative decoding for every request that does not say otherwise (absent: off).
+    #[serde(default)]
+    pub speculative: Option<SpeculativeSection>,
+}
+
+/// `scheduler.speculative`: `{method: ngram, max_tokens: 8}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeSection {
+    #[serde(deserialize_with = "speculation_method")]
+    pub method: SpeculationMethod,
+    #[serde(default = "defaults::draft_tokens")]
+    pub max_tokens: usize,
+}
+
+impl SpeculativeSection {
+    pub fn speculation(&self) -> Speculation {
+        Speculation { method: Some(self.method), max_tokens: self.max_tokens, prediction: Vec::new() }
+    }
+}
+
+fn speculation_method<'de, D: Deserializer<'de>>(d: D) -> Result<SpeculationMethod, D::Error> {
+    String::deserialize(d)?.parse().map_err(de::Error::custom)
 }
 
 /// `scheduler.replan`: every `interval_s` the engine re-estimates routing and step
@@ -157,6 +181,7 @@ impl Default for SchedulerSection {
             exclusive_compute: ExclusiveCompute::Auto,
             replan: ReplanSetting::Auto,
             startup_profile: true,
+            speculative: None,
         }
     }
 }
@@ -179,6 +204,10 @@ mod defaults {
 
     pub fn replan_confirmations() -> u32 {
         ReplanConfig::default().confirmations
+    }
+
+    pub fn draft_tokens() -> usize {
+        tokenrouter_core::spec::DEFAULT_DRAFT_TOKENS
     }
 
     pub fn startup_profile() -> bool {

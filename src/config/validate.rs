@@ -12,6 +12,7 @@ use tokenrouter_core::model::attention::MAX_BLOCK_SIZE;
 use tokenrouter_core::policy::POLICY_NAMES;
 use tokenrouter_core::sched::batching::BatchingError;
 use tokenrouter_core::sched::{BatchingRule, Threshold};
+use tokenrouter_core::spec::MAX_DRAFT_TOKENS;
 
 use super::error::{ConfigError, Problems};
 use super::hub::HubModel;
@@ -151,6 +152,14 @@ impl ServerConfig {
         }
         if let Err(e) = self.batching_rule() {
             p.absorb(e);
+        }
+        if let Some(spec) = &s.speculative {
+            if !(1..=MAX_DRAFT_TOKENS).contains(&spec.max_tokens) {
+                p.push(
+                    "scheduler.speculative.max_tokens",
+                    format!("must be in 1..={MAX_DRAFT_TOKENS}, got {}", spec.max_tokens),
+                );
+            }
         }
         if let ReplanSetting::On(replan) = &s.replan {
             if !(replan.interval_s >= 0.1 && replan.interval_s.is_finite()) {

@@ -24,7 +24,6 @@ fn why_refused(field: &str) -> &'static str {
         "suffix" => "suffix (fill-in-the-middle) is not supported",
         "functions" | "function_call" => "the legacy functions form is not supported",
         "audio" => "audio output is not supported",
-        "prediction" => "predicted outputs are not supported",
         "reasoning_effort" => "reasoning_effort is not supported; use chat_template_kwargs (e.g. enable_thinking)",
         "web_search_options" => "web search is not supported",
         _ => "this server does not know this field",

@@ -119,8 +119,8 @@ impl Started {
 async fn collect(mut events: EventStream, mut collected: Collected) -> Result<(Value, Usage), ApiError> {
     while let Some(event) = events.next().await {
         match event {
-            GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
-                collected.token(TokenInfo { token, model, logprob, top_logprobs }, &text);
+            GenerationEvent::Token { token, model, logprob, top_logprobs, text, drafted, .. } => {
+                collected.token(TokenInfo { token, model, logprob, top_logprobs, drafted }, &text);
             }
             GenerationEvent::Finished { reason, usage, text, stop } => {
                 return Ok((collected.finish(reason, &text, stop.as_deref()), usage))

@@ -31,6 +31,7 @@ mod response;
 pub mod responses;
 mod routing;
 mod server;
+mod speculation;
 mod sse;
 mod state;
 mod tokenize;

@@ -11,6 +11,7 @@
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
 use tokenrouter_core::model::sampler::MAX_LOGPROBS;
+use tokenrouter_core::spec::MAX_DRAFT_TOKENS;
 use tokenrouter_core::tokenize::BUILT_IN_VARIABLES;
 
 use super::openapi_anthropic;
@@ -198,6 +199,8 @@ fn schemas(b: &Bounds) -> Value {
         "CompletionRequest": completion_request(b),
         "ChatMessage": chat_message(),
         "Routing": routing(b),
+        "Speculative": speculative(),
+        "Prediction": prediction(),
         "ChatCompletion": completion_response("chat.completion", chat_choice()),
         "Completion": completion_response("text_completion", text_choice()),
         "Usage": usage(),
@@ -400,6 +403,8 @@ fn common_request_fields(b: &Bounds) -> Map<String, Value> {
         "session_id": { "type": "string", "maxLength": r.max_session_id_bytes,
             "description": format!("The tokenization session this prompt continues; at most {} bytes.", r.max_session_id_bytes) },
         "routing": schema("Routing"),
+        "speculative": schema("Speculative"),
+        "prediction": schema("Prediction"),
         "response_format": response_format(r.max_grammar_bytes),
         "logit_bias": { "type": "object", "additionalProperties": { "type": "number", "minimum": -100, "maximum": 100 },
             "description": "Token id (a decimal string) to a bias added to its logit." },
@@ -563,6 +568,38 @@ fn routing(b: &Bounds) -> Value {
     })
 }
 
+fn speculative() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "description": "Speculative decoding (a tokenrouter extension): drafted tokens the model verifies in one step; \
+            the output is the model's own token for token. Absent: the server's `scheduler.speculative`.",
+        "properties": {
+            "method": { "type": "string", "enum": ["ngram", "none"],
+                "description": "`ngram`: continuations of earlier occurrences of the text's tail in the prompt and output; \
+                    `none`: off for this request." },
+            "max_tokens": { "type": "integer", "minimum": 1, "maximum": MAX_DRAFT_TOKENS,
+                "description": "Most tokens drafted per step (the most; drafts follow the match length and their record)." },
+        },
+    })
+}
+
+fn prediction() -> Value {
+    let part = json!({ "type": "object", "required": ["type", "text"],
+        "properties": { "type": { "type": "string", "enum": ["text"] }, "text": { "type": "string" } } });
+    json!({
+        "type": "object",
+        "required": ["type", "content"],
+        "additionalProperties": false,
+        "description": "OpenAI's Predicted Outputs: the expected output, used as drafts; `usage.completion_tokens_details` \
+            says how many of its tokens were kept and how many drafted and rejected.",
+        "properties": {
+            "type": { "type": "string", "enum": ["content"] },
+            "content": { "oneOf": [{ "type": "string" }, { "type": "array", "items": part }] },
+        },
+    })
+}
+
 fn completion_response(object: &str, choice: Value) -> Value {
     json!({
         "type": "object",
@@ -593,6 +630,8 @@ fn choice_with(key: &str, text: Value) -> Value {
                 "description": "The stop string that ended the choice (vLLM's field); absent when none did." },
             "token_ids": { "type": "array", "items": { "type": "integer" } },
             "routing_trace": { "type": "array", "items": { "type": "string" } },
+            "routing_drafted": { "type": "array", "items": { "type": "boolean" },
+                "description": "With `routing.trace` on a speculating request: per token, whether it was a kept draft." },
         },
     })
 }
@@ -627,8 +666,17 @@ fn usage() -> Value {
                 "type": "object",
                 "properties": { "cached_tokens": count },
             },
+            "completion_tokens_details": {
+                "type": "object",
+                "properties": { "accepted_prediction_tokens": count, "rejected_prediction_tokens": count },
+            },
             "tokens_per_model": { "type": "object", "additionalProperties": count },
             "switches": count,
+            "speculation": {
+                "type": "object",
+                "description": "Verify steps the request took part in, tokens drafted for them, and drafted tokens kept.",
+                "properties": { "verify_steps": count, "drafted_tokens": count, "accepted_tokens": count },
+            },
         },
     })
 }

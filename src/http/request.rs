@@ -18,6 +18,7 @@ use tokenrouter_core::tools::ToolSyntax;
 use super::error::ApiError;
 use super::fields;
 use super::routing::RoutingRequest;
+use super::speculation::{speculation_of, SpeculativeRequest};
 use super::state::{AppState, RequestLimits};
 use super::tools::{ToolFields, ToolPlan};
 
@@ -82,6 +83,10 @@ pub struct OpenAiRequest {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// Speculative decoding: drafts from the request's own text (this server's field).
+    pub speculative: Option<SpeculativeRequest>,
+    /// OpenAI's Predicted Outputs: a draft of the output; kept as JSON for exact errors.
+    pub prediction: Option<Value>,
     /// Every other field; refused unless harmless.
     #[serde(flatten)]
     pub unrecognized: BTreeMap<String, Value>,
@@ -127,6 +132,8 @@ pub struct Plan {
     pub include_usage: bool,
     /// Report the model of every token (`routing.trace`).
     pub trace: bool,
+    /// The request speculates: a trace also says which tokens were verified drafts.
+    pub speculates: bool,
     /// Report logprobs with this many alternatives.
     pub logprobs: Option<usize>,
     /// Report the output's token ids (`return_token_ids`).
@@ -212,6 +219,7 @@ impl OpenAiRequest {
         let policy = self.resolve_policy(state)?;
         let mut sampling = self.sampling(logprobs)?;
         sampling.logit_bias = logit_bias;
+        let speculation = speculation_of(self.speculative.as_ref(), self.prediction.as_ref(), state).await?;
         let definitions = tools.as_ref().map(|t| t.definitions.clone());
         let (prompt, prompt_text, prompt_param) = self.tokenize(state, endpoint, definitions).await?;
         check_prompt_ids(&prompt, vocab, prompt_param)?;
@@ -230,6 +238,8 @@ impl OpenAiRequest {
         generate.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
         let tools_forced = tools.as_ref().is_some_and(|t| t.grammar.is_some());
         generate.grammar = grammar.or(tools.as_ref().and_then(|t| t.grammar.clone()));
+        let speculates = speculation.is_some();
+        generate.speculation = speculation;
         Ok(Plan {
             endpoint,
             generate,
@@ -237,6 +247,7 @@ impl OpenAiRequest {
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
             trace: self.routing.is_some_and(|r| r.trace),
+            speculates,
             logprobs,
             token_ids: self.return_token_ids.unwrap_or(false),
             model,

@@ -20,6 +20,8 @@ pub struct Shape {
     pub created: u64,
     pub model: String,
     pub trace: bool,
+    /// The trace also marks verified drafts (the request speculates).
+    pub trace_drafts: bool,
     pub logprobs: bool,
     pub token_ids: bool,
     pub include_usage: bool,
@@ -45,6 +47,7 @@ impl Shape {
             created,
             model: plan.model.clone(),
             trace: plan.trace,
+            trace_drafts: plan.trace && plan.speculates,
             logprobs: plan.logprobs.is_some(),
             token_ids: plan.token_ids,
             include_usage: plan.include_usage,
@@ -73,6 +76,7 @@ impl Shape {
 
     /// `usage` with tokens per model by name and the switch count.
     pub fn usage(&self, u: &Usage) -> Value {
+        let s = &u.speculation;
         let per_model: Map<String, Value> =
             u.tokens_per_model.iter().enumerate().map(|(i, n)| (self.model_name(i), json!(n))).collect();
         json!({
@@ -80,8 +84,17 @@ impl Shape {
             "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": s.prediction_accepted,
+                "rejected_prediction_tokens": s.rejected_prediction_tokens(),
+            },
             "tokens_per_model": per_model,
             "switches": u.switches,
+            "speculation": {
+                "verify_steps": s.verify_steps,
+                "drafted_tokens": s.drafted_tokens,
+                "accepted_tokens": s.accepted_tokens,
+            },
         })
     }
 
@@ -175,6 +188,8 @@ pub struct TokenInfo {
     pub model: usize,
     pub logprob: Option<f32>,
     pub top_logprobs: Vec<(u32, f32)>,
+    /// A verified draft's token (speculative decoding).
+    pub drafted: bool,
 }
 
 /// Builds the SSE chunks of one streamed response. Tokens whose text is held back
@@ -307,7 +322,11 @@ impl StreamEncoder {
         let mut m = self.shape.envelope(true, vec![choice]);
         if self.shape.trace {
             let models: Vec<String> = tokens.iter().map(|t| self.shape.model_name(t.model)).collect();
-            m.insert("routing".into(), json!({ "models": models }));
+            let mut routing = json!({ "models": models });
+            if self.shape.trace_drafts {
+                routing["drafted"] = tokens.iter().map(|t| t.drafted).collect();
+            }
+            m.insert("routing".into(), routing);
         }
         Value::Object(m)
     }
@@ -366,6 +385,9 @@ impl Collected {
         if s.trace {
             choice["routing_trace"] = self.tokens.iter().map(|t| json!(s.model_name(t.model))).collect();
         }
+        if s.trace_drafts {
+            choice["routing_drafted"] = self.tokens.iter().map(|t| t.drafted).collect();
+        }
         choice
     }
 }
@@ -418,6 +440,12 @@ pub fn add_choice_usage(total: &mut Usage, choice: &Usage) {
     }
     total.completion_tokens += choice.completion_tokens;
     total.switches += choice.switches;
+    let (sum, one) = (&mut total.speculation, &choice.speculation);
+    sum.verify_steps += one.verify_steps;
+    sum.drafted_tokens += one.drafted_tokens;
+    sum.accepted_tokens += one.accepted_tokens;
+    sum.prediction_drafted += one.prediction_drafted;
+    sum.prediction_accepted += one.prediction_accepted;
     if total.tokens_per_model.len() < choice.tokens_per_model.len() {
         total.tokens_per_model.resize(choice.tokens_per_model.len(), 0);
     }

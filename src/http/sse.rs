@@ -131,8 +131,8 @@ impl SseStream {
     fn on_event(&mut self, choice: usize, event: GenerationEvent) {
         let encoder = &mut self.encoders[choice];
         match event {
-            GenerationEvent::Token { token, model, logprob, top_logprobs, text, .. } => {
-                let info = TokenInfo { token, model, logprob, top_logprobs };
+            GenerationEvent::Token { token, model, logprob, top_logprobs, text, drafted, .. } => {
+                let info = TokenInfo { token, model, logprob, top_logprobs, drafted };
                 let chunks = encoder.token(info, &text);
                 self.queue.extend(chunks.iter().flat_map(|c| self.framer.chunk(c)));
             }

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use metrics_exporter_prometheus::PrometheusHandle;
 use sha2::{Digest, Sha256};
 use tokenrouter_actors::tls::TlsAcceptor;
+use tokenrouter_core::spec::Speculation;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
@@ -124,6 +125,8 @@ pub struct AppState {
     pub history: Arc<super::history::StatsHistory>,
     /// Connections are TLS with this (config `server.tls`); `None`: plain HTTP.
     pub tls: Option<TlsAcceptor>,
+    /// Speculative decoding for requests that do not say (config `scheduler.speculative`).
+    pub speculation: Option<Speculation>,
     /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: Arc<ResponseStore>,
     /// Secret bytes that make stored ids unguessable.
@@ -152,6 +155,7 @@ impl AppState {
             fault_injection: false,
             history: Arc::default(),
             tls: None,
+            speculation: None,
             responses,
             id_secret: Arc::new(random_secret()),
             shutting_down: Arc::new(AtomicBool::new(false)),
@@ -163,6 +167,11 @@ impl AppState {
         self.admission = Arc::new(Semaphore::new(limits.max_queued_requests));
         self.responses = Arc::new(ResponseStore::new(limits.responses.clone()));
         self.limits = limits;
+        self
+    }
+
+    pub fn with_speculation(mut self, speculation: Option<Speculation>) -> Self {
+        self.speculation = speculation;
         self
     }
 

@@ -292,6 +292,7 @@ impl StreamReader {
                 logprob: None,
                 top_logprobs: Vec::new(),
                 text,
+                drafted: false,
             });
         }
     }

@@ -136,6 +136,7 @@ pub fn reference_outputs(m: &Models, ids: &[u64], max_tokens: usize) -> HashMap<
                 stop_ids: vec![],
                 policy: policy.clone(),
                 constraint: None,
+                speculation: None,
             };
             (i, reference.run(&spec).unwrap())
         })

@@ -364,6 +364,7 @@ fn said(pieces: &[String]) -> Vec<GenerationEvent> {
         logprob: None,
         top_logprobs: Vec::new(),
         text: text.clone(),
+        drafted: false,
     });
     let finished = GenerationEvent::Finished {
         reason: tokenrouter::core::sched::FinishReason::Length,

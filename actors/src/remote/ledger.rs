@@ -90,7 +90,7 @@ impl FrontLedger {
                     h.on_node = false;
                 }
             }
-            RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } => {}
+            RequestEvent::Moved { .. } | RequestEvent::CachedPrefix { .. } | RequestEvent::Verified { .. } => {}
         }
     }
 
@@ -173,6 +173,7 @@ pub(crate) fn wire_spec(spec: &RequestSpec) -> Result<WireSpec, String> {
         sampling: spec.sampling.clone(),
         stop_ids: spec.stop_ids.clone(),
         policy,
+        speculation: spec.speculation.clone(),
     })
 }
 

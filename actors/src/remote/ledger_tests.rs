@@ -17,6 +17,7 @@ fn spec(id: RequestId) -> Arc<RequestSpec> {
         stop_ids: vec![99],
         policy,
         constraint: None,
+        speculation: None,
     })
 }
 
@@ -101,26 +102,8 @@ fn the_node_rebuilds_the_request_and_its_policy_once() {
 
 #[test]
 fn a_policy_made_in_code_cannot_cross() {
-    let mut s = (*spec(5)).clone_for_test();
+    let mut s = (*spec(5)).clone();
     s.policy = Arc::new(tokenrouter_core::policy::Always::new(0));
     let err = FrontLedger::default().outgoing(arrival(&Arc::new(s), 0, &[1], 0)).unwrap_err();
     assert!(err.contains("cannot run on another host"), "{err}");
-}
-
-trait CloneForTest {
-    fn clone_for_test(&self) -> RequestSpec;
-}
-
-impl CloneForTest for RequestSpec {
-    fn clone_for_test(&self) -> RequestSpec {
-        RequestSpec {
-            id: self.id,
-            prompt: self.prompt.clone(),
-            max_tokens: self.max_tokens,
-            sampling: self.sampling.clone(),
-            stop_ids: self.stop_ids.clone(),
-            policy: self.policy.clone(),
-            constraint: self.constraint.clone(),
-        }
-    }
 }

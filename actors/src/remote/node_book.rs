@@ -77,6 +77,7 @@ impl NodeBook {
             stop_ids: w.stop_ids,
             policy: self.policy(&w.policy)?,
             constraint: None,
+            speculation: w.speculation,
         })
     }
 

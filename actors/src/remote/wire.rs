@@ -12,11 +12,12 @@ use serde::{Deserialize, Serialize};
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::policy::{PolicyDescriptor, PolicyState};
 use tokenrouter_core::sched::{BatchingRule, FinishReason, RequestEvent, RequestId, SubserverConfig, Travel};
+use tokenrouter_core::spec::{DraftSource, Speculation, SpeculationMethod};
 
 use super::codec::{Reader, Writer};
 
 /// Bumped on any change of the encoding; both ends must agree.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 const MAGIC: [u8; 2] = *b"TR";
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -42,6 +43,7 @@ pub struct WireSpec {
     pub sampling: SamplingParams,
     pub stop_ids: Vec<u32>,
     pub policy: PolicyDescriptor,
+    pub speculation: Option<Speculation>,
 }
 
 /// A request moving to (or back from) a host: `scheduler::Arrival` without the shared spec.
@@ -188,6 +190,7 @@ mod event_kind {
     pub const RESUME: u8 = 5;
     pub const CACHED_PREFIX: u8 = 6;
     pub const OUT_OF_SERVICE: u8 = 7;
+    pub const VERIFIED: u8 = 8;
 }
 
 impl Frame {
@@ -347,6 +350,27 @@ fn put_spec(w: &mut Writer, s: &WireSpec) {
     w.tokens(&s.stop_ids);
     w.str(&s.policy.name);
     w.str(&s.policy.params.to_string());
+    w.bool(s.speculation.is_some());
+    if let Some(spec) = &s.speculation {
+        w.u8(match spec.method {
+            None => 0,
+            Some(SpeculationMethod::Ngram) => 1,
+        });
+        w.usize(spec.max_tokens);
+        w.tokens(&spec.prediction);
+    }
+}
+
+fn get_speculation(r: &mut Reader<'_>) -> Result<Option<Speculation>, WireError> {
+    if !r.bool()? {
+        return Ok(None);
+    }
+    let method = match r.u8()? {
+        0 => None,
+        1 => Some(SpeculationMethod::Ngram),
+        _ => return Err(WireError::Malformed("unknown speculative method")),
+    };
+    Ok(Some(Speculation { method, max_tokens: r.usize()?, prediction: r.tokens()? }))
 }
 
 fn get_spec(r: &mut Reader<'_>) -> Result<WireSpec, WireError> {
@@ -371,7 +395,8 @@ fn get_spec(r: &mut Reader<'_>) -> Result<WireSpec, WireError> {
     let stop_ids = r.tokens()?;
     let name = r.string()?;
     let params = serde_json::from_str(&r.string()?).map_err(|e| WireError::Json(e.to_string()))?;
-    Ok(WireSpec { prompt_len, max_tokens, sampling, stop_ids, policy: PolicyDescriptor { name, params } })
+    let speculation = get_speculation(r)?;
+    Ok(WireSpec { prompt_len, max_tokens, sampling, stop_ids, policy: PolicyDescriptor { name, params }, speculation })
 }
 
 fn put_event(w: &mut Writer, e: &RequestEvent) {
@@ -423,6 +448,18 @@ fn put_event(w: &mut Writer, e: &RequestEvent) {
             put_policy_state(w, &travel.policy_state);
             w.usizes(&travel.seen);
         }
+        RequestEvent::Verified { id, model, first_index, drafted, accepted, source } => {
+            w.u8(event_kind::VERIFIED);
+            w.varint(*id);
+            w.usize(*model);
+            w.usize(*first_index);
+            w.usize(*drafted);
+            w.usize(*accepted);
+            w.u8(match source {
+                DraftSource::Prediction => 0,
+                DraftSource::Ngram => 1,
+            });
+        }
         RequestEvent::CachedPrefix { id, model, tokens } => {
             w.u8(event_kind::CACHED_PREFIX);
             w.varint(*id);
@@ -456,6 +493,18 @@ fn get_event(r: &mut Reader<'_>) -> Result<RequestEvent, WireError> {
             RequestEvent::Resume { id, model, output_len, travel }
         }
         event_kind::CACHED_PREFIX => RequestEvent::CachedPrefix { id, model: r.usize()?, tokens: r.usize()? },
+        event_kind::VERIFIED => RequestEvent::Verified {
+            id,
+            model: r.usize()?,
+            first_index: r.usize()?,
+            drafted: r.usize()?,
+            accepted: r.usize()?,
+            source: match r.u8()? {
+                0 => DraftSource::Prediction,
+                1 => DraftSource::Ngram,
+                _ => return Err(WireError::Malformed("unknown draft source")),
+            },
+        },
         _ => return Err(WireError::Malformed("unknown event kind")),
     })
 }

@@ -17,6 +17,11 @@ fn arrival(spec: bool) -> WireArrival {
             },
             stop_ids: vec![151_643, 151_645],
             policy: PolicyDescriptor { name: "random".into(), params: serde_json::json!({"p": 0.2}) },
+            speculation: Some(Speculation {
+                method: Some(SpeculationMethod::Ngram),
+                max_tokens: 6,
+                prediction: vec![9, 151_643],
+            }),
         }),
         start: 0,
         suffix: vec![1, 200, 151_935, 7],
@@ -58,6 +63,10 @@ fn every_frame_decodes_to_itself() {
     round_trip(Frame::Event(RequestEvent::Failed { id: 4, message: "é out of KV".into() }));
     round_trip(Frame::Event(RequestEvent::OutOfService { id: 4, message: "model b is out of service".into() }));
     round_trip(Frame::Event(RequestEvent::CachedPrefix { id: 4, model: 1, tokens: 32 }));
+    for source in [DraftSource::Prediction, DraftSource::Ngram] {
+        let verified = RequestEvent::Verified { id: 6, model: 1, first_index: 40, drafted: 8, accepted: 5, source };
+        round_trip(Frame::Event(verified));
+    }
     let policy_state = tokenrouter_core::policy::PolicyState { seed: 9, counters: vec![1, 2], values: vec![0.5] };
     let travel = tokenrouter_core::sched::Travel { policy_state, seen: vec![0, 17] };
     round_trip(Frame::Event(RequestEvent::Resume { id: 5, model: 1, output_len: 3, travel }));

@@ -119,6 +119,7 @@ fn constrained_reference(
             stop_ids: stop_ids.to_vec(),
             policy: policy.clone(),
             constraint: Some(Arc::new(constraint)),
+            speculation: None,
         }
     })
 }

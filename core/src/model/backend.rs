@@ -28,7 +28,8 @@ pub struct RowInput<'a> {
     pub start: usize,
 }
 
-/// Per row, the logits at its last fed position and, when asked, the final hidden state.
+/// Logits (and, when asked, final hidden states) at the output positions of a forward:
+/// by default each row's last fed position; rows in order, each row's positions in order.
 #[derive(Debug, Clone)]
 pub struct ForwardOutput {
     pub vocab_size: usize,
@@ -73,9 +74,17 @@ pub trait Backend: Send {
         true
     }
 
-    /// One forward over all rows. Fails without side effects when the rows are
-    /// malformed or their KV does not fit.
-    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput>;
+    /// One forward over all rows, with outputs at each row's last fed position. Fails
+    /// without side effects when the rows are malformed or their KV does not fit.
+    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
+        let outputs = vec![1; rows.len()];
+        self.forward_at(rows, &outputs, want_hidden)
+    }
+
+    /// As [`forward`](Self::forward), with outputs at the last `outputs[i]` fed positions
+    /// of row `i` (at least one, at most all it feeds): a verify step of speculative
+    /// decoding reads the target's logits after every drafted token.
+    fn forward_at(&mut self, rows: &mut [RowInput<'_>], outputs: &[usize], want_hidden: bool) -> Result<ForwardOutput>;
 }
 
 /// Weight precision at run time; checkpoints in bf16/f16/f32 convert on load. Quantizing
@@ -298,13 +307,13 @@ impl CandleBackend {
         self.model.dtype()
     }
 
-    fn layout(&self, rows: &[RowInput<'_>]) -> (Vec<u32>, TokenLayout, Vec<u32>) {
+    fn layout(&self, rows: &[RowInput<'_>], outputs: &[usize]) -> (Vec<u32>, TokenLayout, Vec<u32>) {
         let total: usize = rows.iter().map(|r| r.tokens.len()).sum();
         let mut tokens = Vec::with_capacity(total);
         let mut row_of = Vec::with_capacity(total);
         let mut position = Vec::with_capacity(total);
         let mut slot = Vec::with_capacity(total);
-        let mut last = Vec::with_capacity(rows.len());
+        let mut last = Vec::with_capacity(outputs.iter().sum());
         for (r, row) in rows.iter().enumerate() {
             for (i, &t) in row.tokens.iter().enumerate() {
                 tokens.push(t);
@@ -312,7 +321,8 @@ impl CandleBackend {
                 position.push(row.start + i);
                 slot.push(row.kv.slot(row.start + i));
             }
-            last.push(tokens.len() as u32 - 1);
+            let end = tokens.len() as u32;
+            last.extend(end - outputs[r] as u32..end);
         }
         let row_blocks = rows.iter().map(|r| r.kv.blocks().to_vec()).collect();
         (tokens, TokenLayout::new(self.model.rope(), row_of, position, slot, row_blocks), last)
@@ -328,11 +338,11 @@ impl Backend for CandleBackend {
         self.store.pool()
     }
 
-    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
-        check_rows(self.model.config(), self.store.pool(), rows)?;
+    fn forward_at(&mut self, rows: &mut [RowInput<'_>], outputs: &[usize], want_hidden: bool) -> Result<ForwardOutput> {
+        check_rows(self.model.config(), self.store.pool(), rows, outputs)?;
         reserve_rows(self.store.pool(), rows)?;
         self.store.sync();
-        let (tokens, layout, last) = self.layout(rows);
+        let (tokens, layout, last) = self.layout(rows, outputs);
         let (model, store) = (&self.model, &mut self.store);
         // The whole step runs on a worker of the current rayon pool. Called from outside
         // the pool (the bench, a compute thread without a pool of its own), each of a
@@ -360,11 +370,21 @@ impl Backend for CandleBackend {
 }
 
 /// Refuses malformed rows before anything changes.
-pub(crate) fn check_rows(c: &ModelConfig, pool: &BlockPool, rows: &[RowInput<'_>]) -> Result<()> {
+pub(crate) fn check_rows(c: &ModelConfig, pool: &BlockPool, rows: &[RowInput<'_>], outputs: &[usize]) -> Result<()> {
     if rows.is_empty() {
         return Err(ModelError::BadBatch("no rows".into()));
     }
+    if outputs.len() != rows.len() {
+        return Err(ModelError::BadBatch(format!("{} output counts for {} rows", outputs.len(), rows.len())));
+    }
     for (i, row) in rows.iter().enumerate() {
+        if outputs[i] == 0 || outputs[i] > row.tokens.len() {
+            return Err(ModelError::BadBatch(format!(
+                "row {i}: {} outputs asked of {} fed tokens",
+                outputs[i],
+                row.tokens.len()
+            )));
+        }
         if !row.kv.pool().same_pool(pool) {
             return Err(ModelError::BadBatch(format!("row {i}: KV handle belongs to another model")));
         }

@@ -7,10 +7,12 @@ use serde::Serialize;
 use crate::constrain::{Next, TokenConstraint, TokenMask};
 use crate::model::sampler::SamplingParams;
 use crate::policy::{ModelIndex, Policy, PolicyState};
+use crate::spec::{DraftSource, Speculation};
 
 pub type RequestId = u64;
 
 /// The parts of a request that never change; shared by every model it visits.
+#[derive(Clone)]
 pub struct RequestSpec {
     pub id: RequestId,
     pub prompt: Vec<u32>,
@@ -21,6 +23,8 @@ pub struct RequestSpec {
     pub policy: Arc<dyn Policy>,
     /// Structured output: the grammar the output must match, and its parse state.
     pub constraint: Option<Arc<TokenConstraint>>,
+    /// Speculative decoding: where drafts come from; `None` decodes one token a step.
+    pub speculation: Option<Speculation>,
 }
 
 impl std::fmt::Debug for RequestSpec {
@@ -31,6 +35,7 @@ impl std::fmt::Debug for RequestSpec {
             .field("max_tokens", &self.max_tokens)
             .field("policy", &self.policy.name())
             .field("constrained", &self.constraint.is_some())
+            .field("speculation", &self.speculation.as_ref().map(|s| (s.method, s.max_tokens, s.prediction.len())))
             .finish()
     }
 }
@@ -104,6 +109,17 @@ pub enum RequestEvent {
         id: RequestId,
         message: String,
     },
+    /// `model` verified a draft of `drafted` tokens and kept the first `accepted`: the
+    /// committed tokens from output index `first_index` on, as many as accepted, came
+    /// from the draft. Sent before those tokens.
+    Verified {
+        id: RequestId,
+        model: ModelIndex,
+        first_index: usize,
+        drafted: usize,
+        accepted: usize,
+        source: DraftSource,
+    },
     /// `model` reused `tokens` positions of the request's K/V from its prefix cache.
     CachedPrefix {
         id: RequestId,
@@ -129,6 +145,7 @@ impl RequestEvent {
             | RequestEvent::Failed { id, .. }
             | RequestEvent::OutOfService { id, .. }
             | RequestEvent::Resume { id, .. }
+            | RequestEvent::Verified { id, .. }
             | RequestEvent::CachedPrefix { id, .. } => *id,
         }
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use crate::model::sampler::{Sampled, TokenCounts};
 use crate::model::KvSeq;
 use crate::policy::ModelIndex;
+use crate::spec::Drafter;
 
 use super::request::{Arrival, Checkpoint, FinishReason, RequestEvent, RequestSpec, Travel};
 use super::subserver::counts_for;
@@ -29,11 +30,14 @@ pub struct Resident {
     pub status: Status,
     pub ready_since: Instant,
     pub pending_since: u64,
+    /// Speculative decoding's state on this model, when the request speculates.
+    pub drafter: Option<Drafter>,
 }
 
 impl Resident {
     pub fn new(arrival: Arrival, kv: KvSeq, now: Instant) -> Self {
         let counts = counts_for(&arrival.suffix, arrival.spec.prompt.len());
+        let drafter = arrival.spec.speculation.clone().map(Drafter::new);
         Resident {
             spec: arrival.spec,
             tokens: arrival.suffix,
@@ -44,6 +48,7 @@ impl Resident {
             status: Status::Ready,
             ready_since: now,
             pending_since: 0,
+            drafter,
         }
     }
 
@@ -58,6 +63,12 @@ impl Resident {
             }
         }
         self.tokens.extend_from_slice(&arrival.suffix);
+        // The next step needs the logits after the last token: when this model already
+        // computed it (a kept draft before leaving, or a return with nothing new), it
+        // computes that position again.
+        if self.kv.len() >= self.tokens.len() {
+            self.kv.truncate(self.tokens.len().saturating_sub(1));
+        }
         self.output_len = arrival.output_len;
         self.travel = arrival.travel;
         self.status = Status::Ready;

@@ -18,6 +18,11 @@ pub struct SubserverStats {
     /// (whole blocks before their last token), and the tokens they did reuse.
     pub prefix_lookup_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Speculative decoding: rows that verified a draft, the tokens drafted for them
+    /// and the drafted tokens kept.
+    pub verify_rows: u64,
+    pub drafted_tokens: u64,
+    pub accepted_draft_tokens: u64,
     pub busy: Duration,
     /// Requests handed to each peer, by destination model.
     pub handoffs_to: Vec<u64>,
@@ -74,6 +79,9 @@ impl SubserverStats {
             evictions: self.evictions.saturating_sub(earlier.evictions),
             prefix_lookup_tokens: self.prefix_lookup_tokens.saturating_sub(earlier.prefix_lookup_tokens),
             prefix_hit_tokens: self.prefix_hit_tokens.saturating_sub(earlier.prefix_hit_tokens),
+            verify_rows: self.verify_rows.saturating_sub(earlier.verify_rows),
+            drafted_tokens: self.drafted_tokens.saturating_sub(earlier.drafted_tokens),
+            accepted_draft_tokens: self.accepted_draft_tokens.saturating_sub(earlier.accepted_draft_tokens),
             busy: self.busy.saturating_sub(earlier.busy),
             handoffs_to: minus(&self.handoffs_to, &earlier.handoffs_to),
             steps_by_rows: minus(&self.steps_by_rows, &earlier.steps_by_rows),
@@ -96,6 +104,9 @@ impl SubserverStats {
             evictions: self.evictions + other.evictions,
             prefix_lookup_tokens: self.prefix_lookup_tokens + other.prefix_lookup_tokens,
             prefix_hit_tokens: self.prefix_hit_tokens + other.prefix_hit_tokens,
+            verify_rows: self.verify_rows + other.verify_rows,
+            drafted_tokens: self.drafted_tokens + other.drafted_tokens,
+            accepted_draft_tokens: self.accepted_draft_tokens + other.accepted_draft_tokens,
             busy: self.busy + other.busy,
             handoffs_to: plus(&self.handoffs_to, &other.handoffs_to),
             steps_by_rows: plus(&self.steps_by_rows, &other.steps_by_rows),
@@ -118,6 +129,13 @@ impl SubserverStats {
         bump(&mut self.steps_by_tokens, bucket, 1);
         bump(&mut self.seconds_by_tokens, bucket, seconds);
         bump(&mut self.tokens_by_bucket, bucket, tokens as u64);
+    }
+
+    /// Counts one verified draft.
+    pub fn record_verify(&mut self, drafted: usize, accepted: usize) {
+        self.verify_rows += 1;
+        self.drafted_tokens += drafted as u64;
+        self.accepted_draft_tokens += accepted as u64;
     }
 
     /// Mean tokens a row fed here (1 for plain decodes; a large model's extends after

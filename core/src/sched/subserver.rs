@@ -11,9 +11,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::model::sampler::{Sampler, TokenCounts};
-use crate::model::{Backend, ModelError, RowInput};
+use crate::constrain::TokenMask;
+use crate::model::sampler::{Sampled, Sampler, TokenCounts};
+use crate::model::{Backend, ForwardOutput, ModelError, RowInput};
 use crate::policy::{Decision, ModelIndex, RouteRow};
+use crate::spec::Draft;
 
 use super::batching::BatchingRule;
 use super::request::{
@@ -22,6 +24,9 @@ use super::request::{
 };
 use super::resident::{Resident, Status};
 use super::stats::SubserverStats;
+
+#[path = "verify.rs"]
+mod verify;
 
 /// Serializable: a front sends it to subservers on other hosts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -104,6 +109,28 @@ pub struct Subserver {
 struct Row {
     resident: Resident,
     feed: usize,
+    /// Tokens guessed to follow; the step verifies them (see `verify`).
+    draft: Option<Draft>,
+    /// What a verifying row feeds: its last committed token, then the draft.
+    verify_tokens: Vec<u32>,
+}
+
+impl Row {
+    fn fed(&self) -> usize {
+        self.feed + self.draft.as_ref().map_or(0, |d| d.tokens.len())
+    }
+
+    /// Positions whose logits the step needs: the last, or every verified one.
+    fn outputs(&self) -> usize {
+        1 + self.draft.as_ref().map_or(0, |d| d.tokens.len())
+    }
+}
+
+/// What became of a request after one committed (or declined) token.
+enum After {
+    Stay,
+    Finished,
+    Moves(ModelIndex),
 }
 
 impl Subserver {
@@ -318,7 +345,7 @@ impl Subserver {
             match self.forward(&mut rows) {
                 Ok(out) => break out,
                 Err(ModelError::OutOfBlocks { needed, .. }) => {
-                    if self.evict_pending(needed) > 0 || self.preempt_waiting(needed) > 0 {
+                    if drop_drafts(&mut rows) || self.evict_pending(needed) > 0 || self.preempt_waiting(needed) > 0 {
                         continue;
                     }
                     if rows.len() > 1 {
@@ -341,7 +368,7 @@ impl Subserver {
         };
         if let Some(out) = logits {
             outcome.rows = rows.len();
-            outcome.tokens_fed = rows.iter().map(|r| r.feed).sum();
+            outcome.tokens_fed = rows.iter().map(Row::fed).sum();
             self.finish_rows(rows, &out, &mut outcome);
         }
         self.in_flight.clear();
@@ -374,9 +401,27 @@ impl Subserver {
             }
             let feed = resident.behind().min(chunk).min(budget.max(1));
             budget = budget.saturating_sub(feed);
-            rows.push(Row { resident, feed });
+            let draft = self.draft_for(&resident, feed, budget);
+            budget = budget.saturating_sub(draft.as_ref().map_or(0, |d| d.tokens.len()));
+            rows.push(Row { resident, feed, draft, verify_tokens: Vec::new() });
         }
         rows
+    }
+
+    /// A draft for a decoding row, within what the step's budget, the request's
+    /// max_tokens and the context leave (the token after a draft comes free).
+    fn draft_for(&self, r: &Resident, feed: usize, budget: usize) -> Option<Draft> {
+        let drafter = r.drafter.as_ref()?;
+        if feed != 1 || r.behind() != 1 {
+            return None;
+        }
+        let room = r
+            .spec
+            .max_tokens
+            .saturating_sub(r.output_len + 1)
+            .min(self.config.max_context.saturating_sub(r.tokens.len() + 1))
+            .min(budget);
+        drafter.propose(&r.tokens, r.spec.prompt.len(), room)
     }
 
     /// A request with no K/V here (new, evicted, preempted or restarted) takes what
@@ -395,31 +440,49 @@ impl Subserver {
         }
     }
 
-    fn forward(&mut self, rows: &mut [Row]) -> crate::model::Result<Option<crate::model::ForwardOutput>> {
+    fn forward(&mut self, rows: &mut [Row]) -> crate::model::Result<Option<ForwardOutput>> {
         let want_hidden = rows.iter().any(|r| r.resident.spec.policy.needs_hidden(self.config.model));
+        let outputs: Vec<usize> = rows.iter().map(Row::outputs).collect();
         let mut inputs: Vec<RowInput> = rows
             .iter_mut()
             .map(|row| {
-                let r = &mut row.resident;
+                let Row { resident: r, feed, draft, verify_tokens } = row;
                 let start = r.kv.len();
-                RowInput { tokens: &r.tokens[start..start + row.feed], start, kv: &mut r.kv }
+                let known = &r.tokens[start..start + *feed];
+                let tokens = match draft {
+                    Some(draft) => {
+                        verify_tokens.clear();
+                        verify_tokens.extend_from_slice(known);
+                        verify_tokens.extend_from_slice(&draft.tokens);
+                        &verify_tokens[..]
+                    }
+                    None => known,
+                };
+                RowInput { tokens, start, kv: &mut r.kv }
             })
             .collect();
-        self.backend.forward(&mut inputs, want_hidden).map(Some)
+        self.backend.forward_at(&mut inputs, &outputs, want_hidden).map(Some)
     }
 
-    fn finish_rows(&mut self, rows: Vec<Row>, out: &crate::model::ForwardOutput, outcome: &mut StepOutcome) {
-        let vocab = self.config.shared_vocab;
+    fn finish_rows(&mut self, rows: Vec<Row>, out: &ForwardOutput, outcome: &mut StepOutcome) {
         let mut to_sample: Vec<(usize, Resident)> = Vec::new();
-        for (i, row) in rows.into_iter().enumerate() {
+        let mut next_output = 0;
+        for row in rows {
+            let (first_output, outputs) = (next_output, row.outputs());
+            next_output += outputs;
             let mut r = row.resident;
+            // Only committed tokens are sealed: a draft's positions lie past them.
             r.kv.seal_full_blocks(&r.tokens);
+            if let Some(draft) = row.draft {
+                self.verify(r, draft, first_output, out, outcome);
+                continue;
+            }
             if r.behind() > 0 {
                 // A prompt chunk: more of it to feed before anything is sampled.
                 self.put_back_ready(r, false);
                 continue;
             }
-            to_sample.push((i, r));
+            to_sample.push((first_output, r));
         }
         let verdicts = grammar_verdicts(&to_sample);
         let mut complete: Vec<(usize, Resident, crate::model::sampler::Sampled)> = Vec::new();
@@ -435,29 +498,33 @@ impl Subserver {
                     continue;
                 }
             };
-            let reserved = r.spec.policy.reserved_logit(self.config.model);
-            let mut scratch = Vec::new();
-            let raw = &out.row_logits(i)[..vocab];
-            let logits = sampling_logits(raw, reserved, &r.spec.sampling, mask.as_ref(), &mut scratch);
-            let sampled = self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.output_len as u64);
+            let sampled = self.sample(&r, out.row_logits(i), mask.as_ref());
             complete.push((i, r, sampled));
         }
         let decisions = self.route(&mut complete, out);
         for ((_, r, sampled), decision) in complete.into_iter().zip(decisions) {
             self.apply(r, sampled, decision, outcome);
-            if self.fault == Some(FaultPoint::MidApply) {
-                self.fault = None;
-                panic!("injected fault in the middle of applying decisions");
-            }
+            self.take_fault_mid_apply();
         }
     }
 
+    fn take_fault_mid_apply(&mut self) {
+        if self.fault == Some(FaultPoint::MidApply) {
+            self.fault = None;
+            panic!("injected fault in the middle of applying decisions");
+        }
+    }
+
+    /// The request's next token from the logits at one of its output positions.
+    fn sample(&mut self, r: &Resident, raw: &[f32], mask: Option<&TokenMask>) -> Sampled {
+        let reserved = r.spec.policy.reserved_logit(self.config.model);
+        let mut scratch = Vec::new();
+        let logits = sampling_logits(&raw[..self.config.shared_vocab], reserved, &r.spec.sampling, mask, &mut scratch);
+        self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.output_len as u64)
+    }
+
     /// Asks each request's policy, one call per policy over its rows.
-    fn route(
-        &self,
-        rows: &mut [(usize, Resident, crate::model::sampler::Sampled)],
-        out: &crate::model::ForwardOutput,
-    ) -> Vec<Decision> {
+    fn route(&self, rows: &mut [(usize, Resident, Sampled)], out: &ForwardOutput) -> Vec<Decision> {
         let vocab = self.config.shared_vocab;
         let mut decisions = vec![Decision::Stay; rows.len()];
         let mut groups: Vec<(Arc<RequestSpec>, Vec<usize>)> = Vec::new();
@@ -470,8 +537,7 @@ impl Subserver {
         for (spec, members) in groups {
             let mut route_rows: Vec<RouteRow> = Vec::with_capacity(members.len());
             // Split borrows: each member row is visited once.
-            let mut slots: Vec<Option<&mut (usize, Resident, crate::model::sampler::Sampled)>> =
-                rows.iter_mut().map(Some).collect();
+            let mut slots: Vec<Option<&mut (usize, Resident, Sampled)>> = rows.iter_mut().map(Some).collect();
             for &k in &members {
                 let (i, r, sampled) = slots[k].take().expect("each row once");
                 let prompt_len = r.spec.prompt.len();
@@ -493,29 +559,42 @@ impl Subserver {
         decisions
     }
 
-    fn apply(
+    fn apply(&mut self, mut r: Resident, sampled: Sampled, decision: Decision, outcome: &mut StepOutcome) {
+        let (_, after) = self.commit_and_route(&mut r, &sampled, decision, outcome);
+        self.settle(r, after, outcome);
+    }
+
+    /// Commits the sampled token unless the policy moves the request without it;
+    /// returns whether it committed, and where the request goes.
+    fn commit_and_route(
         &mut self,
-        mut r: Resident,
-        sampled: crate::model::sampler::Sampled,
+        r: &mut Resident,
+        sampled: &Sampled,
         decision: Decision,
         outcome: &mut StepOutcome,
-    ) {
+    ) -> (bool, After) {
         let me = self.config.model;
         let (to, commit) = match decision {
             Decision::Move { to, commit } if to != me && to < self.config.num_models => (Some(to), commit),
             _ => (None, true),
         };
         if commit {
-            outcome.events.push(r.commit(me, &sampled));
+            outcome.events.push(r.commit(me, sampled));
             self.stats.tokens_committed += 1;
             if let Some(reason) = r.finish_reason(self.config.max_context) {
                 outcome.events.push(RequestEvent::Finished { id: r.spec.id, reason });
-                return; // dropping the resident frees its KV here
+                return (true, After::Finished);
             }
         }
-        match to {
-            None => self.put_back_ready(r, false),
-            Some(to) => {
+        (commit, to.map_or(After::Stay, After::Moves))
+    }
+
+    fn settle(&mut self, mut r: Resident, after: After, outcome: &mut StepOutcome) {
+        let me = self.config.model;
+        match after {
+            After::Finished => {} // dropping the resident frees its KV here
+            After::Stay => self.put_back_ready(r, false),
+            After::Moves(to) => {
                 outcome.events.push(RequestEvent::Moved { id: r.spec.id, from: me, to });
                 outcome.handoffs.push((to, self.depart(&mut r, to)));
                 self.stats.handoffs_out += 1;
@@ -580,6 +659,15 @@ fn grammar_verdicts(rows: &[(usize, Resident)]) -> Vec<Constrained> {
     } else {
         rows.iter().map(verdict).collect()
     }
+}
+
+/// Sends every row's draft away (a step that does not fit tries without them first).
+fn drop_drafts(rows: &mut [Row]) -> bool {
+    let mut dropped = false;
+    for row in rows.iter_mut() {
+        dropped |= row.draft.take().is_some();
+    }
+    dropped
 }
 
 fn same_policy(a: &Arc<RequestSpec>, b: &Arc<RequestSpec>) -> bool {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 use tokenrouter_core::model::gguf_import::import_gguf;
+pub use tokenrouter_core::model::ModelError;
 use tokenrouter_core::model::{load_backend, Backend, BackendKind, KvSeq, LoadOptions, RowInput, WeightDtype};
 use tokenrouter_core::tokenize::{ChatMessage, ChatTemplate, RenderOptions, TextTokenizer};
 
@@ -130,4 +131,39 @@ pub fn assert_agreement(what: &str, steps: &[(Vec<f32>, Vec<f32>)], tolerance: f
         steps.len()
     );
     Agreement { worst, clear_steps, same_tokens, steps: steps.len() }
+}
+
+/// A verify step's outputs: one forward feeding `tokens` after `prompt` with logits at
+/// every fed position, beside a plain decode row, equals feeding them one at a time;
+/// and the decode row's logits equal its own forward alone.
+pub fn assert_outputs_at_every_fed_position(b: &mut dyn Backend, prompt: &[u32], tokens: &[u32], tolerance: f32) {
+    let (mut verify, mut one_by_one, mut beside, mut beside_alone) =
+        (b.new_sequence(), b.new_sequence(), b.new_sequence(), b.new_sequence());
+    for kv in [&mut verify, &mut one_by_one, &mut beside, &mut beside_alone] {
+        run(b, kv, prompt, 0);
+    }
+    let at = prompt.len();
+    let out = b
+        .forward_at(
+            &mut [
+                RowInput { kv: &mut verify, tokens, start: at },
+                RowInput { kv: &mut beside, tokens: &tokens[..1], start: at },
+            ],
+            &[tokens.len(), 1],
+            false,
+        )
+        .unwrap();
+    assert_eq!(out.rows(), tokens.len() + 1, "one output per verified position, one for the decode row");
+    for (i, &token) in tokens.iter().enumerate() {
+        let alone = run(b, &mut one_by_one, &[token], at + i);
+        let diff = max_abs_diff(out.row_logits(i), &alone);
+        assert!(diff <= tolerance, "position {i}: logits differ by {diff}");
+        assert_eq!(argmax(out.row_logits(i)), argmax(&alone), "position {i}");
+    }
+    let alone = run(b, &mut beside_alone, &tokens[..1], at);
+    assert!(max_abs_diff(out.row_logits(tokens.len()), &alone) <= tolerance, "the decode row beside the verify row");
+    // Asking for more outputs than a row feeds is refused, and nothing changes.
+    let err = b.forward_at(&mut [RowInput { kv: &mut beside, tokens: &tokens[..1], start: at + 1 }], &[2], false);
+    assert!(matches!(err, Err(ModelError::BadBatch(_))), "{err:?}");
+    assert_eq!(beside.len(), at + 1);
 }

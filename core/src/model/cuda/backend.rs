@@ -85,7 +85,8 @@ impl CudaBackend {
 
     fn run(&mut self, layout: &StepLayout, want_hidden: bool) -> Result<ForwardOutput> {
         let c = &self.config;
-        let (tokens, rows) = (layout.tokens(), layout.rows());
+        // Scratch rows past the layers hold one output position each.
+        let (tokens, rows) = (layout.tokens(), layout.outputs());
         self.kv.sync(&self.gpu)?;
         if !self.scratch.as_ref().is_some_and(|s| s.fits(tokens, rows, layout.data().len())) {
             self.scratch = None; // freed before its larger successor is allocated
@@ -195,10 +196,10 @@ impl Backend for CudaBackend {
         &self.kv.pool
     }
 
-    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
-        check_rows(&self.config, &self.kv.pool, rows)?;
+    fn forward_at(&mut self, rows: &mut [RowInput<'_>], outputs: &[usize], want_hidden: bool) -> Result<ForwardOutput> {
+        check_rows(&self.config, &self.kv.pool, rows, outputs)?;
         reserve_rows(&self.kv.pool, rows)?;
-        let layout = StepLayout::new(rows);
+        let layout = StepLayout::new(rows, outputs);
         match self.run(&layout, want_hidden) {
             Ok(out) => {
                 for row in rows.iter_mut() {

@@ -20,7 +20,8 @@ pub enum Section {
     Slots,
     /// Per row: where its block table starts in [`Section::Tables`].
     RowTables,
-    /// Per row: the packed index of its last token (whose logits the step returns).
+    /// Per output: the packed index of a token whose logits the step returns (each row's
+    /// last, or its last few in a verify step), rows in order.
     Last,
     /// The rows' block tables, one after another.
     Tables,
@@ -34,13 +35,15 @@ pub struct StepLayout {
     starts: [usize; SECTIONS + 1],
     tokens: usize,
     rows: usize,
+    outputs: usize,
     /// The longest context a token of this step attends to.
     max_context: usize,
 }
 
 impl StepLayout {
-    /// The layout of `rows`, whose K/V handles already hold blocks for every fed position.
-    pub fn new(rows: &[RowInput<'_>]) -> Self {
+    /// The layout of `rows`, whose K/V handles already hold blocks for every fed position,
+    /// with outputs at the last `outputs[r]` tokens of row `r`.
+    pub fn new(rows: &[RowInput<'_>], outputs: &[usize]) -> Self {
         let tokens: usize = rows.iter().map(|r| r.tokens.len()).sum();
         let table_len: usize = rows.iter().map(|r| r.kv.blocks().len()).sum();
         let mut sections: [Vec<u32>; SECTIONS] = Default::default();
@@ -61,7 +64,8 @@ impl StepLayout {
                 sections[Section::Blocks as usize].push(block);
                 sections[Section::Slots as usize].push(slot as u32);
             }
-            sections[Section::Last as usize].push(sections[Section::Ids as usize].len() as u32 - 1);
+            let end = sections[Section::Ids as usize].len() as u32;
+            sections[Section::Last as usize].extend(end - outputs[r] as u32..end);
             max_context = max_context.max(row.start + row.tokens.len());
         }
         let mut starts = [0; SECTIONS + 1];
@@ -71,7 +75,7 @@ impl StepLayout {
             data.extend_from_slice(section);
         }
         starts[SECTIONS] = data.len();
-        StepLayout { data, starts, tokens, rows: rows.len(), max_context }
+        StepLayout { data, starts, tokens, rows: rows.len(), outputs: outputs.iter().sum(), max_context }
     }
 
     /// The whole buffer, as uploaded.
@@ -94,6 +98,11 @@ impl StepLayout {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Positions whose logits the step returns.
+    pub fn outputs(&self) -> usize {
+        self.outputs
     }
 
     pub fn max_context(&self) -> usize {
@@ -132,9 +141,12 @@ mod tests {
             RowInput { kv: &mut b, tokens: &tb, start: 13 },
             RowInput { kv: &mut c, tokens: &tc, start: 6 },
         ];
-        let layout = StepLayout::new(&rows);
+        let layout = StepLayout::new(&rows, &[1, 1, 1]);
         assert_eq!((layout.tokens(), layout.rows(), layout.max_context()), (13, 3, 14));
         assert_eq!(layout.section(Section::Last), &[8, 9, 12]);
+        // A verify step reads the extend's every position.
+        let verify = StepLayout::new(&rows, &[1, 1, 3]);
+        assert_eq!((verify.outputs(), verify.section(Section::Last)), (5, &[8, 9, 10, 11, 12][..]));
         assert_eq!(layout.section(Section::Positions)[9..], [13, 6, 7, 8]);
         let ids: Vec<u32> = ta.iter().chain(&tb).chain(&tc).copied().collect();
         assert_eq!(layout.section(Section::Ids), ids.as_slice());

@@ -120,21 +120,24 @@ impl LlamaCppBackend {
         self.sequences.id_for(sequence, &mut self.context, &self.pool).expect("check_sequence_room ran first")
     }
 
-    /// Lays the rows out as one batch; returns each row's output index in the batch.
-    fn fill_batch(&mut self, rows: &[RowInput<'_>]) -> Vec<usize> {
+    /// Lays the rows out as one batch; returns the batch index of every output position.
+    fn fill_batch(&mut self, rows: &[RowInput<'_>], outputs: &[usize]) -> Vec<usize> {
         let total: usize = rows.iter().map(|r| r.tokens.len()).sum();
         if total > self.batch.capacity() {
             self.batch = Batch::with_capacity(total.next_power_of_two());
         }
         self.batch.clear();
-        let mut last = Vec::with_capacity(rows.len());
-        for row in rows {
+        let mut last = Vec::with_capacity(outputs.iter().sum());
+        for (row, &wanted) in rows.iter().zip(outputs) {
             let seq = self.seq_for(row.kv.id());
+            let first_output = row.tokens.len() - wanted;
             for (i, &token) in row.tokens.iter().enumerate() {
-                let is_last = i + 1 == row.tokens.len();
-                self.batch.push(token, row.start + i, seq, is_last);
+                let is_output = i >= first_output;
+                if is_output {
+                    last.push(self.batch.len());
+                }
+                self.batch.push(token, row.start + i, seq, is_output);
             }
-            last.push(self.batch.len() - 1);
         }
         last
     }
@@ -206,13 +209,13 @@ impl Backend for LlamaCppBackend {
         false
     }
 
-    fn forward(&mut self, rows: &mut [RowInput<'_>], want_hidden: bool) -> Result<ForwardOutput> {
-        check_rows(&self.config, &self.pool, rows)?;
+    fn forward_at(&mut self, rows: &mut [RowInput<'_>], outputs: &[usize], want_hidden: bool) -> Result<ForwardOutput> {
+        check_rows(&self.config, &self.pool, rows, outputs)?;
         self.apply_events()?;
         self.check_sequence_room(rows)?;
         reserve_rows(&self.pool, rows)?;
         self.apply_events()?;
-        let last = self.fill_batch(rows);
+        let last = self.fill_batch(rows, outputs);
         if let Err(failure) = self.context.decode(&self.batch, want_hidden) {
             self.roll_back(rows);
             return Err(match failure {

@@ -1,0 +1,163 @@
+//! Speculative decoding's drafts: where a request's next tokens may be guessed from
+//! (the client's predicted output, or text the request has already seen), and how
+//! many to guess. Verification is the scheduler's (see `sched::verify`): the target
+//! model decides every token, so a draft changes speed, never the output.
+
+mod ngram;
+
+pub use ngram::longest_match;
+
+use serde::{Deserialize, Serialize};
+
+/// Where drafts come from when the client supplies no prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpeculationMethod {
+    /// Prompt lookup: the continuation of the longest earlier occurrence of the
+    /// sequence's last tokens in its own prompt and output (vLLM's `ngram`).
+    Ngram,
+}
+
+impl SpeculationMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpeculationMethod::Ngram => "ngram",
+        }
+    }
+}
+
+impl std::str::FromStr for SpeculationMethod {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ngram" => Ok(SpeculationMethod::Ngram),
+            "suffix" | "draft" => Err(format!(
+                "speculative method {s:?} is not available in this build yet: use \"ngram\" (or a `prediction`)"
+            )),
+            other => Err(format!("speculative method {other:?} is not known: use \"ngram\"")),
+        }
+    }
+}
+
+/// Most tokens one verify step may draft for a row.
+pub const MAX_DRAFT_TOKENS: usize = 32;
+/// Tokens a verify step may draft when neither the request nor the server says.
+pub const DEFAULT_DRAFT_TOKENS: usize = 8;
+
+/// A request's speculation: its own drafts (`method`), the client's predicted output, or both.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Speculation {
+    pub method: Option<SpeculationMethod>,
+    /// Most tokens drafted per step (1..=[`MAX_DRAFT_TOKENS`]).
+    pub max_tokens: usize,
+    /// OpenAI's Predicted Outputs: the output the client expects, tokenized.
+    pub prediction: Vec<u32>,
+}
+
+/// Which source a draft came from (usage reports predicted tokens apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftSource {
+    Prediction,
+    Ngram,
+}
+
+impl DraftSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftSource::Prediction => "prediction",
+            DraftSource::Ngram => "ngram",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    pub source: DraftSource,
+}
+
+/// Shortest earlier occurrence of the sequence's tail that a self-lookup drafts from:
+/// two-token repeats are common in any text and rarely continue.
+const MIN_SELF_MATCH: usize = 3;
+/// How far a match is followed back; longer matches draft no more.
+const MAX_MATCH: usize = 64;
+
+/// One request's drafting state: how well its drafts have fared so far, which sets
+/// how much the next one may guess.
+#[derive(Debug, Clone)]
+pub struct Drafter {
+    speculation: Speculation,
+    /// Verify steps in a row that accepted nothing; each one asks a longer match of
+    /// the next draft, so text that does not repeat stops paying for guesses.
+    misses: usize,
+    /// Where in the prediction the output is believed to be.
+    prediction_cursor: usize,
+}
+
+impl Drafter {
+    pub fn new(speculation: Speculation) -> Self {
+        Drafter { speculation, misses: 0, prediction_cursor: 0 }
+    }
+
+    /// A draft of at most `limit` tokens to follow `sequence` (prompt then output;
+    /// the output starts at `prompt_len`), or none.
+    pub fn propose(&self, sequence: &[u32], prompt_len: usize, limit: usize) -> Option<Draft> {
+        let limit = limit.min(self.speculation.max_tokens).min(MAX_DRAFT_TOKENS);
+        if limit == 0 {
+            return None;
+        }
+        let output = &sequence[prompt_len.min(sequence.len())..];
+        let from_prediction = self.from_prediction(output, limit);
+        if from_prediction.is_some() {
+            return from_prediction;
+        }
+        match self.speculation.method? {
+            SpeculationMethod::Ngram => self.from_own_text(sequence, limit),
+        }
+    }
+
+    /// The verdict of a verify step on a draft from `source`.
+    pub fn record(&mut self, source: DraftSource, accepted: usize) {
+        if accepted == 0 {
+            self.misses += 1;
+        } else {
+            self.misses = 0;
+        }
+        if source == DraftSource::Prediction {
+            self.prediction_cursor += accepted;
+        }
+    }
+
+    fn from_prediction(&self, output: &[u32], limit: usize) -> Option<Draft> {
+        let prediction = &self.speculation.prediction;
+        if prediction.is_empty() {
+            return None;
+        }
+        let start = if output.is_empty() {
+            0
+        } else {
+            // The prediction's continuation after the output's tail, nearest the cursor.
+            let (start, length) = longest_match(prediction, output, 1, MAX_MATCH, Some(self.prediction_cursor))?;
+            if length < (self.misses + 1).min(output.len()) {
+                return None;
+            }
+            start
+        };
+        let tokens: Vec<u32> = prediction[start..].iter().take(limit).copied().collect();
+        (!tokens.is_empty()).then_some(Draft { tokens, source: DraftSource::Prediction })
+    }
+
+    fn from_own_text(&self, sequence: &[u32], limit: usize) -> Option<Draft> {
+        let min_match = MIN_SELF_MATCH + self.misses;
+        // Matches end before the sequence does: the tail's own continuation is what is guessed.
+        let (start, length) = longest_match(sequence, sequence, min_match, MAX_MATCH, None)?;
+        // As SuffixDecoding does: a longer match earns a longer guess.
+        let take = length.min(limit);
+        let tokens: Vec<u32> = sequence[start..].iter().take(take).copied().collect();
+        (!tokens.is_empty()).then_some(Draft { tokens, source: DraftSource::Ngram })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+//! Speculative decoding through the server on the real SmolLM2-135M-Instruct, on the
+//! candle and the llama.cpp backend: an edit of code the prompt quotes comes out the
+//! same with and without drafts (greedy and seeded sampling), `speculative: ngram` and
+//! a `prediction` keep drafted tokens, usage reports them as OpenAI does, and the trace
+//! marks them. Without the asset these skip and say so (they fail under
+//! TOKENROUTER_REQUIRE_ASSETS=1, as in CI).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use crate::http_support::{spawn_serve, ServeProcess};
+
+const EDIT: &str = "Here is a Python function:\n\n```python\ndef total_price(items, tax_rate):\n    subtotal = 0\n    for item in items:\n        subtotal += item.price * item.quantity\n    return subtotal * (1 + tax_rate)\n```\n\nRepeat the function exactly, renamed to compute_total.";
+
+fn serve(gguf: &Path, backend: &str, dir: &Path) -> ServeProcess {
+    let config = dir.join(format!("{backend}.yaml"));
+    let yaml = format!(
+        "models:\n  - name: smollm2\n    path: {}\n    backend: {backend}\n    max_context: 2048\nscheduler:\n  startup_profile: false\n",
+        gguf.display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokenrouter"));
+    command.env("TOKENROUTER_CACHE", dir.join("cache")).env("TOKENROUTER_OFFLINE", "1").env("TOKENROUTER_THREADS", "2");
+    command
+        .args(["serve", "--config", config.to_str().unwrap(), "--port", "0", "--no-warm-up"])
+        .stderr(Stdio::inherit());
+    spawn_serve(command, Duration::from_secs(300))
+}
+
+fn chat(url: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{ "role": "user", "content": EDIT }],
+        "temperature": 0,
+        "max_tokens": 90,
+        "routing": { "trace": true },
+    });
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let (status, value) = post(url, &body);
+    assert_eq!(status, 200, "{value}");
+    value
+}
+
+fn post(url: &str, body: &Value) -> (u16, Value) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .post(format!("{url}/v1/chat/completions"))
+            .timeout(Duration::from_secs(300))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    })
+}
+
+fn text(response: &Value) -> &str {
+    response["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+fn drafted_marks(response: &Value) -> usize {
+    let marks = response["choices"][0]["routing_drafted"].as_array().expect("a speculating trace marks drafts");
+    marks.iter().filter(|m| m.as_bool() == Some(true)).count()
+}
+
+#[test]
+fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
+    let Some(gguf) = tokenrouter::core::assets::smollm2_gguf() else { return };
+    let dir = TempDir::new().unwrap();
+    for backend in ["candle", "llamacpp"] {
+        if backend == "llamacpp" && !cfg!(feature = "llamacpp") {
+            eprintln!("llamacpp: not in this build (--features llamacpp)");
+            continue;
+        }
+        let server = serve(&gguf, backend, dir.path());
+        let plain = chat(&server.url, json!({}));
+        let want = text(&plain).to_string();
+        eprintln!("{backend}: {want:?}");
+        assert!(want.contains("compute_total"), "{want}");
+        assert_eq!(plain["usage"]["speculation"]["drafted_tokens"], 0);
+        assert!(plain["choices"][0].get("routing_drafted").is_none(), "no draft marks without speculation");
+
+        let ngram = chat(&server.url, json!({ "speculative": { "method": "ngram", "max_tokens": 8 } }));
+        assert_eq!(text(&ngram), want, "{backend}: ngram drafts");
+        let usage = &ngram["usage"];
+        let accepted = usage["speculation"]["accepted_tokens"].as_u64().unwrap();
+        assert!(accepted >= 10, "{backend}: quoting the prompt keeps drafts: {usage}");
+        assert_eq!(drafted_marks(&ngram), accepted as usize, "{backend}: the trace marks each kept draft token");
+
+        let predicted = chat(&server.url, json!({ "prediction": { "type": "content", "content": want } }));
+        assert_eq!(text(&predicted), want, "{backend}: a right prediction");
+        let details = &predicted["usage"]["completion_tokens_details"];
+        let completion = predicted["usage"]["completion_tokens"].as_u64().unwrap();
+        let kept = details["accepted_prediction_tokens"].as_u64().unwrap();
+        assert!(
+            kept * 10 >= completion * 7,
+            "{backend}: most of a right prediction is kept: {details} of {completion}"
+        );
+
+        let wrong = chat(&server.url, json!({ "prediction": { "type": "content", "content": "SELECT * FROM t;" } }));
+        assert_eq!(text(&wrong), want, "{backend}: a wrong prediction");
+
+        // llama.cpp sums a many-token step in another order than a one-token step, so a
+        // verify step's logits differ from plain decoding's by float noise, which may tip
+        // a sampled draw; candle's kernels give every row the same sums either way.
+        if backend == "candle" {
+            let sampled = json!({ "temperature": 0.8, "seed": 11 });
+            let mut with_drafts = sampled.clone();
+            with_drafts["speculative"] = json!({ "method": "ngram" });
+            assert_eq!(text(&chat(&server.url, with_drafts)), text(&chat(&server.url, sampled)), "seeded sampling");
+        }
+    }
+}
+
+#[test]
+fn bad_speculative_fields_are_refused_by_name() {
+    let Some(gguf) = tokenrouter::core::assets::smollm2_gguf() else { return };
+    let dir = TempDir::new().unwrap();
+    let server = serve(&gguf, "candle", dir.path());
+    for (extra, param) in [
+        (json!({ "speculative": { "method": "medusa" } }), "speculative.method"),
+        (json!({ "speculative": { "method": "ngram", "max_tokens": 0 } }), "speculative.max_tokens"),
+        (json!({ "speculative": { "method": "ngram", "depth": 3 } }), "speculative"),
+        (json!({ "prediction": { "type": "content" } }), "prediction.content"),
+        (json!({ "prediction": "text" }), "prediction"),
+    ] {
+        let mut body = json!({ "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 4 });
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, error) = post(&server.url, &body);
+        assert_eq!(status, 400, "{extra}: {error}");
+        let got = error["error"]["param"].as_str().unwrap_or_default();
+        assert!(got.starts_with(param), "{extra}: param {got:?} in {error}");
+    }
+}
