@@ -15,7 +15,7 @@ use crate::constrain::TokenMask;
 use crate::model::sampler::{Sampled, Sampler, TokenCounts};
 use crate::model::{Backend, ForwardOutput, ModelError, RowInput};
 use crate::policy::{Decision, ModelIndex, RouteRow};
-use crate::spec::Draft;
+use crate::spec::{best_draft_length, Draft, KeepTable, StepCost};
 
 use super::batching::BatchingRule;
 use super::request::{
@@ -104,6 +104,8 @@ pub struct Subserver {
     /// from their committed tokens if it panics.
     in_flight: Vec<Checkpoint>,
     fault: Option<FaultPoint>,
+    /// How often this model kept drafts, by match length (speculative decoding).
+    keep_table: KeepTable,
 }
 
 struct Row {
@@ -147,6 +149,7 @@ impl Subserver {
             pending_clock: 0,
             in_flight: Vec::new(),
             fault: None,
+            keep_table: KeepTable::default(),
         }
     }
 
@@ -390,6 +393,8 @@ impl Subserver {
         short.append(&mut long);
         let mut budget = self.config.step_token_budget.max(1);
         let mut rows = Vec::new();
+        let step_rows = short.len().min(self.config.max_batch_rows);
+        let cost = self.step_cost();
         for id in short {
             if rows.len() == self.config.max_batch_rows || (budget == 0 && !rows.is_empty()) {
                 break;
@@ -401,7 +406,7 @@ impl Subserver {
             }
             let feed = resident.behind().min(chunk).min(budget.max(1));
             budget = budget.saturating_sub(feed);
-            let draft = self.draft_for(&resident, feed, budget);
+            let draft = self.draft_for(&resident, feed, budget, step_rows, cost.as_ref());
             budget = budget.saturating_sub(draft.as_ref().map_or(0, |d| d.tokens.len()));
             rows.push(Row { resident, feed, draft, verify_tokens: Vec::new() });
         }
@@ -410,7 +415,16 @@ impl Subserver {
 
     /// A draft for a decoding row, within what the step's budget, the request's
     /// max_tokens and the context leave (the token after a draft comes free).
-    fn draft_for(&self, r: &Resident, feed: usize, budget: usize) -> Option<Draft> {
+    /// Cut to the length that saves the most time in a step of `step_rows` rows at this
+    /// model's measured `cost` (uncut until two step sizes have been measured).
+    fn draft_for(
+        &self,
+        r: &Resident,
+        feed: usize,
+        budget: usize,
+        step_rows: usize,
+        cost: Option<&StepCost>,
+    ) -> Option<Draft> {
         let drafter = r.drafter.as_ref()?;
         if feed != 1 || r.behind() != 1 {
             return None;
@@ -421,7 +435,26 @@ impl Subserver {
             .saturating_sub(r.output_len + 1)
             .min(self.config.max_context.saturating_sub(r.tokens.len() + 1))
             .min(budget);
-        drafter.propose(&r.tokens, r.spec.prompt.len(), room)
+        let mut draft = drafter.propose(&r.tokens, r.spec.prompt.len(), room)?;
+        if let Some(cost) = cost {
+            let chance = self.keep_table.chance(draft.match_len);
+            let paying = best_draft_length(draft.tokens.len(), chance, step_rows, cost);
+            draft.tokens.truncate(paying);
+        }
+        (!draft.tokens.is_empty()).then_some(draft)
+    }
+
+    /// This model's step cost against the tokens a step feeds, from its served steps.
+    fn step_cost(&self) -> Option<StepCost> {
+        let s = &self.stats;
+        let points: Vec<(f64, f64, u64)> = (0..s.steps_by_tokens.len())
+            .filter(|&b| s.steps_by_tokens[b] > 0)
+            .map(|b| {
+                let steps = s.steps_by_tokens[b];
+                (s.tokens_by_bucket[b] as f64 / steps as f64, s.seconds_by_tokens[b] / steps as f64, steps)
+            })
+            .collect();
+        StepCost::fit(&points)
     }
 
     /// A request with no K/V here (new, evicted, preempted or restarted) takes what

@@ -68,6 +68,7 @@ impl Subserver {
         };
         outcome.events.insert(marker, verdict);
         self.stats.record_verify(drafted, accepted);
+        self.keep_table.record(draft.match_len, drafted, accepted);
         if let Some(drafter) = r.drafter.as_mut() {
             drafter.record(draft.source, accepted);
         }

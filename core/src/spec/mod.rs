@@ -3,8 +3,10 @@
 //! many to guess. Verification is the scheduler's (see `sched::verify`): the target
 //! model decides every token, so a draft changes speed, never the output.
 
+mod cost;
 mod ngram;
 
+pub use cost::{best_draft_length, StepCost};
 pub use ngram::longest_match;
 
 use serde::{Deserialize, Serialize};
@@ -75,6 +77,39 @@ impl DraftSource {
 pub struct Draft {
     pub tokens: Vec<u32>,
     pub source: DraftSource,
+    /// How long the match it continues is (the longest followed, for a prediction's start):
+    /// the longer, the likelier its guesses are kept (see [`KeepTable`]).
+    pub match_len: usize,
+}
+
+/// Match-length classes of [`KeepTable`]: 1, 2–3, 4–7, …, 64 and more.
+const MATCH_CLASSES: usize = 7;
+
+/// How often guesses were kept, by the length of the match they continued: one model's
+/// record over every request, so a new request drafts as far as drafts like its own
+/// have paid. A class starts at 7 kept in 10.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeepTable {
+    drafted: [u64; MATCH_CLASSES],
+    kept: [u64; MATCH_CLASSES],
+}
+
+impl KeepTable {
+    fn class(match_len: usize) -> usize {
+        (match_len.max(1).ilog2() as usize).min(MATCH_CLASSES - 1)
+    }
+
+    /// The chance one more guess continuing a match this long is kept.
+    pub fn chance(&self, match_len: usize) -> f64 {
+        let c = Self::class(match_len);
+        (self.kept[c] as f64 + 7.0) / (self.drafted[c] as f64 + 10.0)
+    }
+
+    pub fn record(&mut self, match_len: usize, drafted: usize, kept: usize) {
+        let c = Self::class(match_len);
+        self.drafted[c] += drafted as u64;
+        self.kept[c] += kept as u64;
+    }
 }
 
 /// Shortest earlier occurrence of the sequence's tail that a self-lookup drafts from:
@@ -134,18 +169,18 @@ impl Drafter {
         if prediction.is_empty() {
             return None;
         }
-        let start = if output.is_empty() {
-            0
+        let (start, match_len) = if output.is_empty() {
+            (0, MAX_MATCH)
         } else {
             // The prediction's continuation after the output's tail, nearest the cursor.
             let (start, length) = longest_match(prediction, output, 1, MAX_MATCH, Some(self.prediction_cursor))?;
             if length < (self.misses + 1).min(output.len()) {
                 return None;
             }
-            start
+            (start, length)
         };
         let tokens: Vec<u32> = prediction[start..].iter().take(limit).copied().collect();
-        (!tokens.is_empty()).then_some(Draft { tokens, source: DraftSource::Prediction })
+        (!tokens.is_empty()).then_some(Draft { tokens, source: DraftSource::Prediction, match_len })
     }
 
     fn from_own_text(&self, sequence: &[u32], limit: usize) -> Option<Draft> {
@@ -155,7 +190,7 @@ impl Drafter {
         // As SuffixDecoding does: a longer match earns a longer guess.
         let take = length.min(limit);
         let tokens: Vec<u32> = sequence[start..].iter().take(take).copied().collect();
-        (!tokens.is_empty()).then_some(Draft { tokens, source: DraftSource::Ngram })
+        (!tokens.is_empty()).then_some(Draft { tokens, source: DraftSource::Ngram, match_len: length })
     }
 }
 

@@ -38,7 +38,7 @@ fn ngram_drafts_continue_the_repeat_and_grow_with_the_match() {
     sequence.extend([10, 11, 12]);
     let draft = d.propose(&sequence, prompt.len(), 16).expect("a 3-token match");
     // A 3-token match drafts 3 tokens, however many are allowed.
-    assert_eq!((draft.tokens, draft.source), (vec![13, 14, 15], DraftSource::Ngram));
+    assert_eq!((draft.tokens, draft.source, draft.match_len), (vec![13, 14, 15], DraftSource::Ngram, 3));
     sequence.extend([13, 14, 15, 16, 17]);
     let draft = d.propose(&sequence, prompt.len(), 16).expect("an 8-token match");
     assert_eq!(draft.tokens, vec![18, 19, 10, 11, 12, 13, 14, 15]);
@@ -77,4 +77,16 @@ fn a_prediction_drafts_from_its_start_then_follows_the_output() {
     assert_eq!(d.propose(&sequence, 3, 16).unwrap().tokens, vec![53, 54, 55, 56]);
     // An output that left the prediction behind drafts nothing from it.
     assert_eq!(d.propose(&[1, 2, 3, 70, 71], 3, 16), None);
+}
+
+#[test]
+fn keep_chances_are_kept_by_match_length() {
+    let mut table = KeepTable::default();
+    assert!((table.chance(3) - 0.7).abs() < 1e-9);
+    table.record(3, 30, 3);
+    table.record(40, 300, 297);
+    assert!(table.chance(2) < 0.3, "2 and 3 share a class");
+    assert!(table.chance(33) > 0.95, "32..63 share a class");
+    assert!((table.chance(8) - 0.7).abs() < 1e-9, "an unmeasured class keeps its prior");
+    assert!((table.chance(500) - 0.7).abs() < 1e-9, "64 and more");
 }

@@ -92,7 +92,9 @@ fn speculative_serving_equals_the_reference_in_every_batch_composition() {
                     panic!("request {} ({}), thresholds {thresholds:?}: {e}", s.id, policy.name());
                 }
             }
-            assert!(accepted(&subs) > 20, "drafts were kept: {}", accepted(&subs));
+            // The step-cost model cuts drafts that do not pay on this CPU; some always do.
+            let verified: u64 = subs.iter().map(|s| s.stats().verify_rows).sum();
+            assert!(verified >= 10 && accepted(&subs) >= 5, "{verified} verify rows kept {}", accepted(&subs));
             assert_all_blocks_back(&subs);
         }
     }
