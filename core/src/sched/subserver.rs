@@ -437,7 +437,8 @@ impl Subserver {
             .min(budget);
         let mut draft = drafter.propose(&r.tokens, r.spec.prompt.len(), room)?;
         if let Some(cost) = cost {
-            let chance = self.keep_table.chance(draft.match_len);
+            let table = &self.keep_table;
+            let chance = |i: usize| table.chance(draft.match_len + i - 1);
             let paying = best_draft_length(draft.tokens.len(), chance, step_rows, cost);
             draft.tokens.truncate(paying);
         }

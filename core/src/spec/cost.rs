@@ -43,16 +43,16 @@ impl StepCost {
 }
 
 /// The draft length, up to `longest`, that saves the most time in a step of `step_tokens`
-/// tokens without drafts: each guess kept (the `i`-th with chance `kept^i`) saves a row
-/// what a token costs it in such a step, and each guess fed costs `per_token`. Zero when
-/// no length saves anything.
-pub fn best_draft_length(longest: usize, kept: f64, step_tokens: usize, cost: &StepCost) -> usize {
+/// tokens without drafts: each guess kept saves a row what a token costs it in such a
+/// step, and each guess fed costs `per_token`; guess `i` (from 1) is kept with chance
+/// `kept(i)` given the ones before it were. Zero when no length saves anything.
+pub fn best_draft_length(longest: usize, kept: impl Fn(usize) -> f64, step_tokens: usize, cost: &StepCost) -> usize {
     let step_tokens = step_tokens.max(1) as f64;
     let token_value = cost.seconds(step_tokens) / step_tokens;
     let (mut best, mut best_saving) = (0, 0.0);
     let (mut chance, mut expected_kept) = (1.0, 0.0);
     for k in 1..=longest {
-        chance *= kept;
+        chance *= kept(k);
         expected_kept += chance;
         let saving = expected_kept * token_value - k as f64 * cost.per_token;
         if saving > best_saving {
@@ -94,16 +94,16 @@ mod tests {
     fn drafts_are_as_long_as_they_pay_and_none_where_nothing_does() {
         let cpu = StepCost::fit(&cpu()).unwrap();
         // A copied file: guesses nearly always kept, long drafts pay even on a CPU.
-        assert!(best_draft_length(32, 0.97, 1, &cpu) >= 12);
+        assert!(best_draft_length(32, |_| 0.97, 1, &cpu) >= 12);
         // Three in four kept: short drafts.
-        assert!((1..=4).contains(&best_draft_length(32, 0.75, 1, &cpu)));
+        assert!((1..=4).contains(&best_draft_length(32, |_| 0.75, 1, &cpu)));
         // Rarely kept: none.
-        assert_eq!(best_draft_length(32, 0.3, 1, &cpu), 0);
+        assert_eq!(best_draft_length(32, |_| 0.3, 1, &cpu), 0);
         // At 16 rows a token is cheaper to a row than a guess is to the step: fewer or none.
-        assert!(best_draft_length(32, 0.75, 16, &cpu) < best_draft_length(32, 0.75, 1, &cpu));
+        assert!(best_draft_length(32, |_| 0.75, 16, &cpu) < best_draft_length(32, |_| 0.75, 1, &cpu));
         // A card, where a step's tokens cost little beside its fixed part: long drafts even at 3 in 4.
         let card = StepCost { intercept: 0.010, per_token: 0.00005 };
-        assert!(best_draft_length(32, 0.75, 16, &card) >= 8);
-        assert_eq!(best_draft_length(0, 0.99, 1, &card), 0);
+        assert!(best_draft_length(32, |_| 0.75, 16, &card) >= 8);
+        assert_eq!(best_draft_length(0, |_| 0.99, 1, &card), 0);
     }
 }

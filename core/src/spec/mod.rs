@@ -99,16 +99,22 @@ impl KeepTable {
         (match_len.max(1).ilog2() as usize).min(MATCH_CLASSES - 1)
     }
 
-    /// The chance one more guess continuing a match this long is kept.
+    /// The chance a guess is kept when the guesses before it were and it continues a
+    /// match this long (a draft's `i`-th guess continues its match plus `i - 1` kept ones:
+    /// copied text, once it agrees, tends to go on agreeing).
     pub fn chance(&self, match_len: usize) -> f64 {
         let c = Self::class(match_len);
         (self.kept[c] as f64 + 7.0) / (self.drafted[c] as f64 + 10.0)
     }
 
+    /// A draft continuing a match of `match_len` kept its first `kept` of `drafted`
+    /// guesses: each guess up to the first rejected one is counted at its own length.
     pub fn record(&mut self, match_len: usize, drafted: usize, kept: usize) {
-        let c = Self::class(match_len);
-        self.drafted[c] += drafted as u64;
-        self.kept[c] += kept as u64;
+        for i in 0..drafted.min(kept + 1) {
+            let c = Self::class(match_len + i);
+            self.drafted[c] += 1;
+            self.kept[c] += u64::from(i < kept);
+        }
     }
 }
 

@@ -83,10 +83,15 @@ fn a_prediction_drafts_from_its_start_then_follows_the_output() {
 fn keep_chances_are_kept_by_match_length() {
     let mut table = KeepTable::default();
     assert!((table.chance(3) - 0.7).abs() < 1e-9);
-    table.record(3, 30, 3);
-    table.record(40, 300, 297);
-    assert!(table.chance(2) < 0.3, "2 and 3 share a class");
+    for _ in 0..30 {
+        table.record(2, 5, 0);
+        table.record(40, 10, 10);
+    }
+    assert!(table.chance(2) < 0.3, "2 and 3 share a class: {}", table.chance(2));
     assert!(table.chance(33) > 0.95, "32..63 share a class");
+    // Guesses after the first rejected one are not counted: nothing is known of them.
+    table.record(4, 6, 1);
+    assert!((table.chance(5) - 8.0 / 12.0).abs() < 1e-9, "the 2nd guess of a 4-match, rejected, counts at 5");
     assert!((table.chance(8) - 0.7).abs() < 1e-9, "an unmeasured class keeps its prior");
     assert!((table.chance(500) - 0.7).abs() < 1e-9, "64 and more");
 }
