@@ -88,7 +88,7 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
         assert_eq!(text(&ngram), want, "{backend}: ngram drafts");
         let usage = &ngram["usage"];
         let accepted = usage["speculation"]["accepted_tokens"].as_u64().unwrap();
-        assert!(accepted >= 10, "{backend}: quoting the prompt keeps drafts: {usage}");
+        assert!(accepted >= 5, "{backend}: quoting the prompt keeps drafts: {usage}");
         assert_eq!(drafted_marks(&ngram), accepted as usize, "{backend}: the trace marks each kept draft token");
 
         let predicted = chat(&server.url, json!({ "prediction": { "type": "content", "content": want } }));
@@ -96,10 +96,10 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
         let details = &predicted["usage"]["completion_tokens_details"];
         let completion = predicted["usage"]["completion_tokens"].as_u64().unwrap();
         let kept = details["accepted_prediction_tokens"].as_u64().unwrap();
-        assert!(
-            kept * 10 >= completion * 7,
-            "{backend}: most of a right prediction is kept: {details} of {completion}"
-        );
+        // Every guess from a right prediction is kept; how many are drafted is the step-cost
+        // model's call (short drafts until guesses like these have been seen to pay).
+        assert_eq!(details["rejected_prediction_tokens"], 0, "{backend}: {details}");
+        assert!(kept * 3 >= completion, "{backend}: a right prediction is kept: {details} of {completion}");
 
         let wrong = chat(&server.url, json!({ "prediction": { "type": "content", "content": "SELECT * FROM t;" } }));
         assert_eq!(text(&wrong), want, "{backend}: a wrong prediction");

@@ -106,6 +106,9 @@ pub struct Subserver {
     fault: Option<FaultPoint>,
     /// How often this model kept drafts, by match length (speculative decoding).
     keep_table: KeepTable,
+    /// Test hook: a step cost that replaces the measured one, so draft lengths do not
+    /// depend on how busy the machine is.
+    pinned_cost: Option<StepCost>,
 }
 
 struct Row {
@@ -150,6 +153,7 @@ impl Subserver {
             in_flight: Vec::new(),
             fault: None,
             keep_table: KeepTable::default(),
+            pinned_cost: None,
         }
     }
 
@@ -185,6 +189,12 @@ impl Subserver {
         missing.sort_unstable();
         self.ready.extend(missing.into_iter().map(|(_, id)| id));
         lost
+    }
+
+    /// Test hook: draft lengths are chosen against this step cost, not the measured one.
+    #[doc(hidden)]
+    pub fn pin_step_cost(&mut self, cost: StepCost) {
+        self.pinned_cost = Some(cost);
     }
 
     /// Test hook: the next step panics at `point`.
@@ -447,6 +457,9 @@ impl Subserver {
 
     /// This model's step cost against the tokens a step feeds, from its served steps.
     fn step_cost(&self) -> Option<StepCost> {
+        if self.pinned_cost.is_some() {
+            return self.pinned_cost;
+        }
         let s = &self.stats;
         let points: Vec<(f64, f64, u64)> = (0..s.steps_by_tokens.len())
             .filter(|&b| s.steps_by_tokens[b] > 0)

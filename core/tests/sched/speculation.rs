@@ -9,9 +9,9 @@ use tokenrouter_core::policy::query::Always;
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::reference::{Reference, ReferenceOutput};
 use tokenrouter_core::sched::{BatchingRule, FaultPoint, RequestSpec, Subserver};
-use tokenrouter_core::spec::{Speculation, SpeculationMethod};
+use tokenrouter_core::spec::{Speculation, SpeculationMethod, StepCost};
 
-use super::{load, models, pair, serve, serve_with_faults, TestPolicy};
+use super::{load, models, serve, serve_with_faults, TestPolicy};
 
 /// Below this top-2 gap a verify step's batch shape may tip a near-tie the other way.
 const NEAR_TIE: f32 = 1e-3;
@@ -58,6 +58,16 @@ fn speculating(specs: &[Arc<RequestSpec>], want: &[ReferenceOutput]) -> Vec<Arc<
         .collect()
 }
 
+/// The routed pair, with a card-like step cost pinned (a guess costs little beside a
+/// step) so that how many guesses are drafted never depends on the machine's load.
+fn pair(small: &tempfile::TempDir, large: &tempfile::TempDir, blocks: usize, rule: BatchingRule) -> Vec<Subserver> {
+    let mut subs = super::pair(small, large, blocks, rule);
+    for sub in &mut subs {
+        sub.pin_step_cost(StepCost { intercept: 0.01, per_token: 0.0001 });
+    }
+    subs
+}
+
 fn reference_outputs(specs: &[Arc<RequestSpec>]) -> Vec<ReferenceOutput> {
     let (small, large) = models();
     let (mut rs, mut rl) = (load(&small, 1024), load(&large, 1024));
@@ -92,9 +102,7 @@ fn speculative_serving_equals_the_reference_in_every_batch_composition() {
                     panic!("request {} ({}), thresholds {thresholds:?}: {e}", s.id, policy.name());
                 }
             }
-            // The step-cost model cuts drafts that do not pay on this CPU; some always do.
-            let verified: u64 = subs.iter().map(|s| s.stats().verify_rows).sum();
-            assert!(verified >= 10 && accepted(&subs) >= 5, "{verified} verify rows kept {}", accepted(&subs));
+            assert!(accepted(&subs) > 20, "drafts were kept: {}", accepted(&subs));
             assert_all_blocks_back(&subs);
         }
     }
