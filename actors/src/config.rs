@@ -7,6 +7,7 @@ use tokenrouter_core::model::LoadOptions;
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::planner::ReplanConfig;
 use tokenrouter_core::sched::BatchingRule;
+use tokenrouter_core::spec::DraftingConfig;
 
 pub use crate::kv_manager::AdmissionConfig;
 
@@ -26,11 +27,18 @@ pub struct StepLimits {
     pub max_batch_rows: usize,
     pub prefill_chunk: usize,
     pub step_token_budget: usize,
+    /// Speculative decoding's server-side settings.
+    pub drafting: DraftingConfig,
 }
 
 impl Default for StepLimits {
     fn default() -> Self {
-        StepLimits { max_batch_rows: 64, prefill_chunk: 512, step_token_budget: 1024 }
+        StepLimits {
+            max_batch_rows: 64,
+            prefill_chunk: 512,
+            step_token_budget: 1024,
+            drafting: DraftingConfig::default(),
+        }
     }
 }
 

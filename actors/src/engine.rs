@@ -292,6 +292,7 @@ impl Engine {
             sub.max_batch_rows = config.limits.max_batch_rows;
             sub.prefill_chunk = config.limits.prefill_chunk;
             sub.step_token_budget = config.limits.step_token_budget;
+            sub.drafting = config.limits.drafting.clone();
             let _ = tx.send(compute::ComputeMsg::Start(sub, config.batching.clone()));
         }
         let spawn_err = |e: ractor::SpawnErr| EngineError::Internal(e.to_string());

@@ -150,7 +150,7 @@ pub async fn start(
         .with_limits(limits)
         .with_api_keys(config.server.api_keys.clone())
         .with_served_model(served)
-        .with_speculation(config.scheduler.speculative.as_ref().map(|s| s.speculation()))
+        .with_speculation(config.scheduler.speculative.as_ref().and_then(|s| s.speculation()))
         .with_fault_injection(config.debug.fault_injection)
         .with_metrics(metrics);
     let state = match tls {

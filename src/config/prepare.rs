@@ -178,6 +178,7 @@ impl ServerConfig {
             max_batch_rows: self.scheduler.max_batch_rows,
             prefill_chunk: self.scheduler.prefill_chunk,
             step_token_budget: self.scheduler.step_token_budget,
+            drafting: self.scheduler.speculative.as_ref().map(|s| s.drafting()).unwrap_or_default(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::fmt;
 use serde::de::{self, value::MapAccessDeserializer, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use tokenrouter_actors::StepLimits;
-use tokenrouter_core::spec::{Speculation, SpeculationMethod};
+use tokenrouter_core::spec::{DraftingConfig, Speculation, SpeculationMethod, StepCost};
 
 /// Delayed batching and step sizes, for every subserver.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -44,24 +44,50 @@ pub struct SchedulerSection {
     pub speculative: Option<SpeculativeSection>,
 }
 
-/// `scheduler.speculative`: `{method: ngram, max_tokens: 8}`.
+/// `scheduler.speculative`: `{method: suffix, max_tokens: 8}`; without `method`, only
+/// the settings for requests that ask for speculation themselves.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeSection {
-    #[serde(deserialize_with = "speculation_method")]
-    pub method: SpeculationMethod,
+    #[serde(default, deserialize_with = "speculation_method")]
+    pub method: Option<SpeculationMethod>,
     #[serde(default = "defaults::draft_tokens")]
     pub max_tokens: usize,
+    /// Draft lengths are chosen against this step cost, not the one each model measures.
+    #[serde(default)]
+    pub step_cost: Option<StepCostSection>,
+    /// Most nodes of each model's suffix cache over recent outputs.
+    #[serde(default = "defaults::suffix_cache_nodes")]
+    pub suffix_cache_nodes: usize,
+}
+
+/// `step_cost: {fixed_ms: 10, per_token_ms: 0.05}`: a step's time as a fixed part and one per token fed.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepCostSection {
+    pub fixed_ms: f64,
+    pub per_token_ms: f64,
 }
 
 impl SpeculativeSection {
-    pub fn speculation(&self) -> Speculation {
-        Speculation { method: Some(self.method), max_tokens: self.max_tokens, prediction: Vec::new() }
+    /// What requests that say nothing get, if anything.
+    pub fn speculation(&self) -> Option<Speculation> {
+        let method = Some(self.method?);
+        Some(Speculation { method, max_tokens: self.max_tokens, prediction: Vec::new() })
+    }
+
+    pub fn drafting(&self) -> DraftingConfig {
+        DraftingConfig {
+            step_cost: self
+                .step_cost
+                .map(|c| StepCost { intercept: c.fixed_ms / 1000.0, per_token: c.per_token_ms / 1000.0 }),
+            suffix_cache_nodes: self.suffix_cache_nodes,
+        }
     }
 }
 
-fn speculation_method<'de, D: Deserializer<'de>>(d: D) -> Result<SpeculationMethod, D::Error> {
-    String::deserialize(d)?.parse().map_err(de::Error::custom)
+fn speculation_method<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SpeculationMethod>, D::Error> {
+    String::deserialize(d)?.parse().map(Some).map_err(de::Error::custom)
 }
 
 /// `scheduler.replan`: every `interval_s` the engine re-estimates routing and step
@@ -208,6 +234,10 @@ mod defaults {
 
     pub fn draft_tokens() -> usize {
         tokenrouter_core::spec::DEFAULT_DRAFT_TOKENS
+    }
+
+    pub fn suffix_cache_nodes() -> usize {
+        tokenrouter_core::spec::DEFAULT_SUFFIX_CACHE_NODES
     }
 
     pub fn startup_profile() -> bool {

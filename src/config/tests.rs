@@ -427,3 +427,30 @@ fn server_tls_reads_its_pem_files_at_start_and_names_what_is_wrong() {
 
     assert!(refused(&with_pair("server: {tls: {cert: a.pem}}")).to_string().contains("key"));
 }
+
+#[test]
+fn speculation_settings_reach_every_model_and_bad_ones_are_refused_by_key() {
+    let config = parse(&format!(
+        "{PAIR}scheduler:\n  speculative: {{step_cost: {{fixed_ms: 10, per_token_ms: 0.05}}, suffix_cache_nodes: 5000}}\n"
+    ))
+    .unwrap();
+    let section = config.scheduler.speculative.as_ref().unwrap();
+    assert_eq!(section.speculation(), None, "without a method, requests that say nothing do not speculate");
+    let drafting = config.step_limits().drafting;
+    assert_eq!(drafting.suffix_cache_nodes, 5000);
+    let cost = drafting.step_cost.unwrap();
+    assert!((cost.intercept - 0.010).abs() < 1e-12 && (cost.per_token - 0.00005).abs() < 1e-12, "{cost:?}");
+    let config = parse(&format!("{PAIR}scheduler: {{speculative: {{method: suffix}}}}\n")).unwrap();
+    let default = config.scheduler.speculative.as_ref().unwrap().speculation().unwrap();
+    assert_eq!((default.method, default.max_tokens), (Some(tokenrouter_core::spec::SpeculationMethod::Suffix), 8));
+    assert_eq!(config.step_limits().drafting, tokenrouter_core::spec::DraftingConfig::default());
+    for (yaml, key) in [
+        ("{method: draft}", "speculative.method"),
+        ("{step_cost: {fixed_ms: -1, per_token_ms: 0}}", "scheduler.speculative.step_cost.fixed_ms"),
+        ("{step_cost: {fixed_ms: 0, per_token_ms: 0}}", "scheduler.speculative.step_cost"),
+        ("{step_cost: {fixed_ms: 1}}", "per_token_ms"),
+    ] {
+        let e = refused(&format!("{PAIR}scheduler: {{speculative: {yaml}}}\n"));
+        assert!(e.to_string().contains(key), "{yaml}: {e}");
+    }
+}

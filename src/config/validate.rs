@@ -160,6 +160,22 @@ impl ServerConfig {
                     format!("must be in 1..={MAX_DRAFT_TOKENS}, got {}", spec.max_tokens),
                 );
             }
+            if let Some(cost) = spec.step_cost {
+                for (field, ms) in [("fixed_ms", cost.fixed_ms), ("per_token_ms", cost.per_token_ms)] {
+                    if !(ms >= 0.0 && ms.is_finite()) {
+                        p.push(
+                            &format!("scheduler.speculative.step_cost.{field}"),
+                            format!("must be 0 or more, got {ms}"),
+                        );
+                    }
+                }
+                if cost.fixed_ms + cost.per_token_ms <= 0.0 {
+                    p.push(
+                        "scheduler.speculative.step_cost",
+                        "a step must cost something: fixed_ms or per_token_ms above 0",
+                    );
+                }
+            }
         }
         if let ReplanSetting::On(replan) = &s.replan {
             if !(replan.interval_s >= 0.1 && replan.interval_s.is_finite()) {

@@ -17,7 +17,7 @@ use tokenrouter_core::spec::{DraftSource, Speculation, SpeculationMethod};
 use super::codec::{Reader, Writer};
 
 /// Bumped on any change of the encoding; both ends must agree.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 const MAGIC: [u8; 2] = *b"TR";
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -355,6 +355,7 @@ fn put_spec(w: &mut Writer, s: &WireSpec) {
         w.u8(match spec.method {
             None => 0,
             Some(SpeculationMethod::Ngram) => 1,
+            Some(SpeculationMethod::Suffix) => 2,
         });
         w.usize(spec.max_tokens);
         w.tokens(&spec.prediction);
@@ -368,6 +369,7 @@ fn get_speculation(r: &mut Reader<'_>) -> Result<Option<Speculation>, WireError>
     let method = match r.u8()? {
         0 => None,
         1 => Some(SpeculationMethod::Ngram),
+        2 => Some(SpeculationMethod::Suffix),
         _ => return Err(WireError::Malformed("unknown speculative method")),
     };
     Ok(Some(Speculation { method, max_tokens: r.usize()?, prediction: r.tokens()? }))
@@ -458,6 +460,7 @@ fn put_event(w: &mut Writer, e: &RequestEvent) {
             w.u8(match source {
                 DraftSource::Prediction => 0,
                 DraftSource::Ngram => 1,
+                DraftSource::Suffix => 2,
             });
         }
         RequestEvent::CachedPrefix { id, model, tokens } => {
@@ -502,6 +505,7 @@ fn get_event(r: &mut Reader<'_>) -> Result<RequestEvent, WireError> {
             source: match r.u8()? {
                 0 => DraftSource::Prediction,
                 1 => DraftSource::Ngram,
+                2 => DraftSource::Suffix,
                 _ => return Err(WireError::Malformed("unknown draft source")),
             },
         },

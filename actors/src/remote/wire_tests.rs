@@ -18,7 +18,7 @@ fn arrival(spec: bool) -> WireArrival {
             stop_ids: vec![151_643, 151_645],
             policy: PolicyDescriptor { name: "random".into(), params: serde_json::json!({"p": 0.2}) },
             speculation: Some(Speculation {
-                method: Some(SpeculationMethod::Ngram),
+                method: Some(SpeculationMethod::Suffix),
                 max_tokens: 6,
                 prediction: vec![9, 151_643],
             }),
@@ -63,7 +63,7 @@ fn every_frame_decodes_to_itself() {
     round_trip(Frame::Event(RequestEvent::Failed { id: 4, message: "é out of KV".into() }));
     round_trip(Frame::Event(RequestEvent::OutOfService { id: 4, message: "model b is out of service".into() }));
     round_trip(Frame::Event(RequestEvent::CachedPrefix { id: 4, model: 1, tokens: 32 }));
-    for source in [DraftSource::Prediction, DraftSource::Ngram] {
+    for source in [DraftSource::Prediction, DraftSource::Ngram, DraftSource::Suffix] {
         let verified = RequestEvent::Verified { id: 6, model: 1, first_index: 40, drafted: 8, accepted: 5, source };
         round_trip(Frame::Event(verified));
     }

@@ -142,6 +142,23 @@ impl TokenConstraint {
         }
     }
 
+    /// How many of `draft`'s tokens the grammar accepts after `output` (a speculative
+    /// draft is cut there: a guess the mask would forbid can never be kept).
+    pub fn valid_prefix(&self, output: &[u32], draft: &[u32]) -> usize {
+        let mut cursor = self.lock();
+        if cursor.sync(&self.initial, output).is_err() {
+            *cursor = Cursor::fresh(&self.initial);
+            return 0;
+        }
+        if cursor.matcher.is_stopped() {
+            return 0;
+        }
+        // The request's stop tokens stand for the grammar's end-of-sequence in its mask.
+        let eos = self.eos;
+        let mapped: Vec<u32> = draft.iter().map(|t| if self.stop_ids.contains(t) { eos } else { *t }).collect();
+        cursor.matcher.validate_tokens(&mapped).unwrap_or(0)
+    }
+
     /// A thread that panicked while holding the lock (an injected fault, a parser
     /// bug) may have left the state half-updated: start over from the grammar.
     fn lock(&self) -> MutexGuard<'_, Cursor> {

@@ -150,3 +150,24 @@ fn bad_grammars_are_refused_with_the_reason() {
         }
     }
 }
+
+#[test]
+fn a_draft_is_valid_as_far_as_the_grammar_allows_it_and_checking_changes_nothing() {
+    let Some((compiler, tokenizer)) = compiler() else { return };
+    let stop = tokenizer.eos_token_ids()[0];
+    let constraint = compiler.compile(&GrammarSpec::Regex("[0-9]+".into()), &[stop]).unwrap();
+    let digits = tokenizer.encode("1234567", false).unwrap();
+    let letters = tokenizer.encode(" abc", false).unwrap();
+    assert!(digits.len() >= 2, "{digits:?}");
+    let draft = [digits.clone(), letters.clone()].concat();
+    assert_eq!(constraint.valid_prefix(&[], &draft), digits.len());
+    assert_eq!(constraint.valid_prefix(&[], &letters), 0);
+    // After some output: its continuation and a stop token where the grammar may end.
+    let ending = [digits[1..].to_vec(), vec![stop]].concat();
+    assert_eq!(constraint.valid_prefix(&digits[..1], &ending), ending.len());
+    // Checking a draft leaves the parse where the output is.
+    match constraint.next(&digits[..1]) {
+        Next::Allowed(mask) => assert!(mask.allows(digits[1]) && !mask.allows(letters[0])),
+        other => panic!("{other:?}"),
+    }
+}

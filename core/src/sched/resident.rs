@@ -56,6 +56,9 @@ impl Resident {
     pub fn absorb(&mut self, arrival: Arrival, now: Instant) {
         self.tokens.truncate(arrival.start);
         self.kv.truncate(arrival.start);
+        if let Some(drafter) = self.drafter.as_mut() {
+            drafter.rewind(arrival.start);
+        }
         let prompt_len = self.spec.prompt.len();
         for (offset, &t) in arrival.suffix.iter().enumerate() {
             if arrival.start + offset >= prompt_len {

@@ -15,7 +15,7 @@ use crate::constrain::TokenMask;
 use crate::model::sampler::{Sampled, Sampler, TokenCounts};
 use crate::model::{Backend, ForwardOutput, ModelError, RowInput};
 use crate::policy::{Decision, ModelIndex, RouteRow};
-use crate::spec::{best_draft_length, Draft, KeepTable, StepCost};
+use crate::spec::{best_draft_length, Draft, DraftingConfig, KeepTable, SpeculationMethod, StepCost, SuffixCache};
 
 use super::batching::BatchingRule;
 use super::request::{
@@ -42,6 +42,7 @@ pub struct SubserverConfig {
     pub prefill_chunk: usize,
     /// Most tokens one step feeds in total (at least one row always runs).
     pub step_token_budget: usize,
+    pub drafting: DraftingConfig,
 }
 
 impl SubserverConfig {
@@ -54,6 +55,7 @@ impl SubserverConfig {
             max_batch_rows: 64,
             prefill_chunk: 512,
             step_token_budget: 1024,
+            drafting: DraftingConfig::default(),
         }
     }
 }
@@ -106,9 +108,8 @@ pub struct Subserver {
     fault: Option<FaultPoint>,
     /// How often this model kept drafts, by match length (speculative decoding).
     keep_table: KeepTable,
-    /// Test hook: a step cost that replaces the measured one, so draft lengths do not
-    /// depend on how busy the machine is.
-    pinned_cost: Option<StepCost>,
+    /// Recent outputs for suffix drafts, from the first request that asks for them.
+    suffix_cache: Option<SuffixCache>,
 }
 
 struct Row {
@@ -153,7 +154,7 @@ impl Subserver {
             in_flight: Vec::new(),
             fault: None,
             keep_table: KeepTable::default(),
-            pinned_cost: None,
+            suffix_cache: None,
         }
     }
 
@@ -189,12 +190,6 @@ impl Subserver {
         missing.sort_unstable();
         self.ready.extend(missing.into_iter().map(|(_, id)| id));
         lost
-    }
-
-    /// Test hook: draft lengths are chosen against this step cost, not the measured one.
-    #[doc(hidden)]
-    pub fn pin_step_cost(&mut self, cost: StepCost) {
-        self.pinned_cost = Some(cost);
     }
 
     /// Test hook: the next step panics at `point`.
@@ -264,6 +259,11 @@ impl Subserver {
                 return Err(ArrivalError::MissingPrefix { id, start: arrival.start, held: 0 });
             }
             None => {
+                let wants_suffixes =
+                    arrival.spec.speculation.as_ref().and_then(|s| s.method) == Some(SpeculationMethod::Suffix);
+                if wants_suffixes && self.suffix_cache.is_none() {
+                    self.suffix_cache = Some(SuffixCache::new(self.config.drafting.suffix_cache_nodes));
+                }
                 let kv = self.backend.new_sequence();
                 self.residents.insert(id, Resident::new(arrival, kv, now));
             }
@@ -404,7 +404,7 @@ impl Subserver {
         let mut budget = self.config.step_token_budget.max(1);
         let mut rows = Vec::new();
         let step_rows = short.len().min(self.config.max_batch_rows);
-        let cost = self.step_cost();
+        let cost = short.iter().any(|id| self.residents[id].drafter.is_some()).then(|| self.step_cost()).flatten();
         for id in short {
             if rows.len() == self.config.max_batch_rows || (budget == 0 && !rows.is_empty()) {
                 break;
@@ -416,7 +416,7 @@ impl Subserver {
             }
             let feed = resident.behind().min(chunk).min(budget.max(1));
             budget = budget.saturating_sub(feed);
-            let draft = self.draft_for(&resident, feed, budget, step_rows, cost.as_ref());
+            let draft = self.draft_for(&mut resident, feed, budget, step_rows, cost.as_ref());
             budget = budget.saturating_sub(draft.as_ref().map_or(0, |d| d.tokens.len()));
             rows.push(Row { resident, feed, draft, verify_tokens: Vec::new() });
         }
@@ -429,13 +429,12 @@ impl Subserver {
     /// model's measured `cost` (uncut until two step sizes have been measured).
     fn draft_for(
         &self,
-        r: &Resident,
+        r: &mut Resident,
         feed: usize,
         budget: usize,
         step_rows: usize,
         cost: Option<&StepCost>,
     ) -> Option<Draft> {
-        let drafter = r.drafter.as_ref()?;
         if feed != 1 || r.behind() != 1 {
             return None;
         }
@@ -445,7 +444,12 @@ impl Subserver {
             .saturating_sub(r.output_len + 1)
             .min(self.config.max_context.saturating_sub(r.tokens.len() + 1))
             .min(budget);
-        let mut draft = drafter.propose(&r.tokens, r.spec.prompt.len(), room)?;
+        let drafter = r.drafter.as_mut()?;
+        let mut draft = drafter.propose(&r.tokens, r.spec.prompt.len(), room, self.suffix_cache.as_ref())?;
+        if let Some(grammar) = r.spec.constraint.as_deref() {
+            let valid = grammar.valid_prefix(&r.tokens[r.spec.prompt.len()..], &draft.tokens);
+            draft.tokens.truncate(valid);
+        }
         if let Some(cost) = cost {
             let table = &self.keep_table;
             let chance = |i: usize| table.chance(draft.match_len + i - 1);
@@ -457,8 +461,8 @@ impl Subserver {
 
     /// This model's step cost against the tokens a step feeds, from its served steps.
     fn step_cost(&self) -> Option<StepCost> {
-        if self.pinned_cost.is_some() {
-            return self.pinned_cost;
+        if self.config.drafting.step_cost.is_some() {
+            return self.config.drafting.step_cost;
         }
         let s = &self.stats;
         let points: Vec<(f64, f64, u64)> = (0..s.steps_by_tokens.len())
@@ -639,7 +643,12 @@ impl Subserver {
     fn settle(&mut self, mut r: Resident, after: After, outcome: &mut StepOutcome) {
         let me = self.config.model;
         match after {
-            After::Finished => {} // dropping the resident frees its KV here
+            After::Finished => {
+                // Dropping the resident frees its KV here.
+                if let Some(cache) = self.suffix_cache.as_mut() {
+                    cache.add(&r.tokens[r.spec.prompt.len().min(r.tokens.len())..]);
+                }
+            }
             After::Stay => self.put_back_ready(r, false),
             After::Moves(to) => {
                 outcome.events.push(RequestEvent::Moved { id: r.spec.id, from: me, to });

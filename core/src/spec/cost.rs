@@ -4,7 +4,7 @@
 //! subserver's own measured steps; the chance a guess is kept from the request's record.
 
 /// A step's seconds as `intercept + per_token · tokens fed`, fitted to measured steps.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepCost {
     pub intercept: f64,
     pub per_token: f64,

@@ -5,9 +5,11 @@
 
 mod cost;
 mod ngram;
+mod suffix;
 
 pub use cost::{best_draft_length, StepCost};
 pub use ngram::longest_match;
+pub use suffix::{SuffixCache, SuffixDraft, SuffixTrie, SUFFIX_DEPTH};
 
 use serde::{Deserialize, Serialize};
 
@@ -18,12 +20,16 @@ pub enum SpeculationMethod {
     /// Prompt lookup: the continuation of the longest earlier occurrence of the
     /// sequence's last tokens in its own prompt and output (vLLM's `ngram`).
     Ngram,
+    /// SuffixDecoding: the continuation that most often followed the sequence's tail,
+    /// in its own prompt and output or in this model's recent outputs.
+    Suffix,
 }
 
 impl SpeculationMethod {
     pub fn as_str(self) -> &'static str {
         match self {
             SpeculationMethod::Ngram => "ngram",
+            SpeculationMethod::Suffix => "suffix",
         }
     }
 }
@@ -33,10 +39,11 @@ impl std::str::FromStr for SpeculationMethod {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "ngram" => Ok(SpeculationMethod::Ngram),
-            "suffix" | "draft" => Err(format!(
-                "speculative method {s:?} is not available in this build yet: use \"ngram\" (or a `prediction`)"
+            "suffix" => Ok(SpeculationMethod::Suffix),
+            "draft" => Err(format!(
+                "speculative method {s:?} is not available in this build yet: use \"suffix\" or \"ngram\" (or a `prediction`)"
             )),
-            other => Err(format!("speculative method {other:?} is not known: use \"ngram\"")),
+            other => Err(format!("speculative method {other:?} is not known: use \"suffix\" or \"ngram\"")),
         }
     }
 }
@@ -45,6 +52,25 @@ impl std::str::FromStr for SpeculationMethod {
 pub const MAX_DRAFT_TOKENS: usize = 32;
 /// Tokens a verify step may draft when neither the request nor the server says.
 pub const DEFAULT_DRAFT_TOKENS: usize = 8;
+
+/// Nodes the suffix cache over one model's recent outputs holds by default: about 40 MB.
+pub const DEFAULT_SUFFIX_CACHE_NODES: usize = 1 << 20;
+
+/// A model's speculation settings (the server's, not a request's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DraftingConfig {
+    /// Draft lengths are chosen against this step cost instead of the measured one.
+    pub step_cost: Option<StepCost>,
+    /// Most nodes of the suffix cache over recent outputs (0: suffix drafts look at
+    /// the request's own text only).
+    pub suffix_cache_nodes: usize,
+}
+
+impl Default for DraftingConfig {
+    fn default() -> Self {
+        DraftingConfig { step_cost: None, suffix_cache_nodes: DEFAULT_SUFFIX_CACHE_NODES }
+    }
+}
 
 /// A request's speculation: its own drafts (`method`), the client's predicted output, or both.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -62,6 +88,7 @@ pub struct Speculation {
 pub enum DraftSource {
     Prediction,
     Ngram,
+    Suffix,
 }
 
 impl DraftSource {
@@ -69,6 +96,7 @@ impl DraftSource {
         match self {
             DraftSource::Prediction => "prediction",
             DraftSource::Ngram => "ngram",
+            DraftSource::Suffix => "suffix",
         }
     }
 }
@@ -129,6 +157,9 @@ const MAX_MATCH: usize = 64;
 #[derive(Debug, Clone)]
 pub struct Drafter {
     speculation: Speculation,
+    /// Suffix drafts: the request's own prompt and output, indexed as far as `indexed`.
+    own: Option<SuffixTrie>,
+    indexed: usize,
     /// Verify steps in a row that accepted nothing; each one asks a longer match of
     /// the next draft, so text that does not repeat stops paying for guesses.
     misses: usize,
@@ -138,12 +169,28 @@ pub struct Drafter {
 
 impl Drafter {
     pub fn new(speculation: Speculation) -> Self {
-        Drafter { speculation, misses: 0, prediction_cursor: 0 }
+        Drafter { speculation, own: None, indexed: 0, misses: 0, prediction_cursor: 0 }
+    }
+
+    /// The sequence now holds only its first `len` tokens (what follows may come back
+    /// different): the request's own index starts over if it went further.
+    pub fn rewind(&mut self, len: usize) {
+        if len < self.indexed {
+            self.own = None;
+            self.indexed = 0;
+        }
     }
 
     /// A draft of at most `limit` tokens to follow `sequence` (prompt then output;
-    /// the output starts at `prompt_len`), or none.
-    pub fn propose(&self, sequence: &[u32], prompt_len: usize, limit: usize) -> Option<Draft> {
+    /// the output starts at `prompt_len`), or none. `recent`: this model's recent
+    /// outputs, for suffix drafts.
+    pub fn propose(
+        &mut self,
+        sequence: &[u32],
+        prompt_len: usize,
+        limit: usize,
+        recent: Option<&SuffixCache>,
+    ) -> Option<Draft> {
         let limit = limit.min(self.speculation.max_tokens).min(MAX_DRAFT_TOKENS);
         if limit == 0 {
             return None;
@@ -155,7 +202,24 @@ impl Drafter {
         }
         match self.speculation.method? {
             SpeculationMethod::Ngram => self.from_own_text(sequence, limit),
+            SpeculationMethod::Suffix => self.from_suffixes(sequence, limit, recent),
         }
+    }
+
+    fn from_suffixes(&mut self, sequence: &[u32], limit: usize, recent: Option<&SuffixCache>) -> Option<Draft> {
+        let own = self.own.get_or_insert_with(SuffixTrie::new);
+        for &t in &sequence[self.indexed.min(sequence.len())..] {
+            own.push(t);
+        }
+        self.indexed = sequence.len();
+        let min_match = MIN_SELF_MATCH + self.misses;
+        let mine = own.draft(sequence, min_match, limit, true);
+        let others = recent.and_then(|cache| cache.draft(sequence, min_match, limit));
+        let best = match (mine, others) {
+            (Some(a), Some(b)) => Some(if b.expected_kept > a.expected_kept { b } else { a }),
+            (a, b) => a.or(b),
+        }?;
+        Some(Draft { tokens: best.tokens, source: DraftSource::Suffix, match_len: best.match_len })
     }
 
     /// The verdict of a verify step on a draft from `source`.

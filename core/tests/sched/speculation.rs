@@ -8,7 +8,7 @@ use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::policy::query::Always;
 use tokenrouter_core::policy::Policy;
 use tokenrouter_core::sched::reference::{Reference, ReferenceOutput};
-use tokenrouter_core::sched::{BatchingRule, FaultPoint, RequestSpec, Subserver};
+use tokenrouter_core::sched::{BatchingRule, FaultPoint, RequestSpec, Subserver, SubserverConfig};
 use tokenrouter_core::spec::{Speculation, SpeculationMethod, StepCost};
 
 use super::{load, models, serve, serve_with_faults, TestPolicy};
@@ -37,9 +37,10 @@ fn repeating_specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
         .collect()
 }
 
-/// Every other request speculates: by n-gram lookup, and with a prediction that is its
+/// Every other request speculates by n-gram lookup and with a prediction that is its
 /// reference output with a token changed every 7 and one dropped (so drafts are kept,
-/// rejected and picked up again after the gap).
+/// rejected and picked up again after the gap); of the rest, every other one by suffix
+/// drafts (its own text and the outputs of requests that finished before it).
 fn speculating(specs: &[Arc<RequestSpec>], want: &[ReferenceOutput]) -> Vec<Arc<RequestSpec>> {
     specs
         .iter()
@@ -52,6 +53,9 @@ fn speculating(specs: &[Arc<RequestSpec>], want: &[ReferenceOutput]) -> Vec<Arc<
                 prediction.remove(prediction.len() / 2);
                 let method = Some(SpeculationMethod::Ngram);
                 spec.speculation = Some(Speculation { method, max_tokens: 4 + s.id as usize % 5, prediction });
+            } else if s.id % 4 == 1 {
+                let method = Some(SpeculationMethod::Suffix);
+                spec.speculation = Some(Speculation { method, max_tokens: 6, prediction: vec![] });
             }
             Arc::new(spec)
         })
@@ -61,11 +65,15 @@ fn speculating(specs: &[Arc<RequestSpec>], want: &[ReferenceOutput]) -> Vec<Arc<
 /// The routed pair, with a card-like step cost pinned (a guess costs little beside a
 /// step) so that how many guesses are drafted never depends on the machine's load.
 fn pair(small: &tempfile::TempDir, large: &tempfile::TempDir, blocks: usize, rule: BatchingRule) -> Vec<Subserver> {
-    let mut subs = super::pair(small, large, blocks, rule);
-    for sub in &mut subs {
-        sub.pin_step_cost(StepCost { intercept: 0.01, per_token: 0.0001 });
-    }
-    subs
+    [small, large]
+        .iter()
+        .enumerate()
+        .map(|(m, dir)| {
+            let mut config = SubserverConfig::new(m, 2, 400, 4096);
+            config.drafting.step_cost = Some(StepCost { intercept: 0.01, per_token: 0.0001 });
+            Subserver::new(config, Box::new(load(dir, blocks)), rule.clone())
+        })
+        .collect()
 }
 
 fn reference_outputs(specs: &[Arc<RequestSpec>]) -> Vec<ReferenceOutput> {
@@ -164,5 +172,42 @@ fn tight_pools_and_panicking_verify_steps_still_match() {
     }
     assert!(resumed >= 3, "{resumed} resumed");
     assert!(accepted(&subs) > 0);
+    assert_all_blocks_back(&subs);
+}
+
+/// Suffix drafts alone: a second round of the same prompts drafts from the first
+/// round's outputs (the model's suffix cache), and is kept nearly whole; the outputs
+/// are still the reference's.
+#[test]
+fn suffix_drafts_from_earlier_outputs_are_kept_and_change_nothing() {
+    let plain = repeating_specs(Arc::new(Always::new(1)), 6);
+    let want = reference_outputs(&plain);
+    let round = |first_id: u64| -> Vec<Arc<RequestSpec>> {
+        plain
+            .iter()
+            .map(|s| {
+                let mut spec = RequestSpec::clone(s);
+                spec.id += first_id;
+                let method = Some(SpeculationMethod::Suffix);
+                spec.speculation = Some(Speculation { method, max_tokens: 8, prediction: vec![] });
+                Arc::new(spec)
+            })
+            .collect()
+    };
+    let (small, large) = models();
+    let mut subs = pair(&small, &large, 1024, BatchingRule::eager(2));
+    let order: Vec<usize> = (0..6).collect();
+    let mut kept = Vec::new();
+    for first_id in [0, 100] {
+        let specs = round(first_id);
+        let got = serve(&mut subs, &specs, &order);
+        for (s, want) in specs.iter().zip(&want) {
+            want.check(&got[&s.id], NEAR_TIE).unwrap_or_else(|e| panic!("request {}: {e}", s.id));
+        }
+        kept.push(subs[1].stats().accepted_draft_tokens);
+    }
+    let output_tokens: usize = want.iter().map(|w| w.tokens.len()).sum();
+    let second_round = (kept[1] - kept[0]) as usize;
+    assert!(second_round * 2 > output_tokens, "the second round kept {second_round} guesses of {output_tokens} tokens");
     assert_all_blocks_back(&subs);
 }
