@@ -47,10 +47,21 @@ fn chat(url: &str, extra: Value) -> Value {
 }
 
 fn post(url: &str, body: &Value) -> (u16, Value) {
+    post_path(url, "/v1/chat/completions", body)
+}
+
+/// A 200 answer from another route.
+fn post_to(url: &str, path: &str, body: &Value) -> Value {
+    let (status, value) = post_path(url, path, body);
+    assert_eq!(status, 200, "{path}: {value}");
+    value
+}
+
+fn post_path(url: &str, path: &str, body: &Value) -> (u16, Value) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let response = reqwest::Client::new()
-            .post(format!("{url}/v1/chat/completions"))
+            .post(format!("{url}{path}"))
             .timeout(Duration::from_secs(300))
             .json(body)
             .send()
@@ -97,6 +108,30 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
         assert_eq!(text(&suffix), want, "{backend}: suffix drafts");
         let usage = &suffix["usage"]["speculation"];
         assert!(usage["accepted_tokens"].as_u64().unwrap() >= 10, "{backend}: suffix drafts are kept: {usage}");
+
+        // The agents' routes take the same extension and report it the same way.
+        let responses = post_to(
+            &server.url,
+            "/v1/responses",
+            &json!({ "input": EDIT, "temperature": 0, "max_output_tokens": 90, "store": false,
+                     "speculative": { "method": "suffix" } }),
+        );
+        assert_eq!(
+            responses["output"][0]["content"][0]["text"].as_str(),
+            Some(want.as_str()),
+            "{backend}: {responses}"
+        );
+        let usage = &responses["usage"]["speculation"];
+        assert!(usage["accepted_tokens"].as_u64().unwrap() >= 10, "{backend}: Responses: {usage}");
+        let messages = post_to(
+            &server.url,
+            "/v1/messages",
+            &json!({ "model": "smollm2", "messages": [{ "role": "user", "content": EDIT }], "temperature": 0,
+                     "max_tokens": 90, "speculative": { "method": "suffix" } }),
+        );
+        assert_eq!(messages["content"][0]["text"].as_str(), Some(want.as_str()), "{backend}: {messages}");
+        let usage = &messages["usage"]["speculation"];
+        assert!(usage["accepted_tokens"].as_u64().unwrap() >= 10, "{backend}: Messages: {usage}");
 
         let predicted = chat(&server.url, json!({ "prediction": { "type": "content", "content": want } }));
         assert_eq!(text(&predicted), want, "{backend}: a right prediction");

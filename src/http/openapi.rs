@@ -325,6 +325,7 @@ fn response_request(b: &Bounds) -> Value {
         "service_tier": { "type": "string" },
         "truncation": { "type": "string", "enum": ["disabled"] },
         "routing": schema("Routing"),
+        "speculative": schema("Speculative"),
     });
     json!({ "type": "object", "description": format!("A response. Bodies are at most {} bytes.", b.max_body_bytes),
         "required": ["input"], "properties": properties, "additionalProperties": false })

@@ -93,6 +93,8 @@ fn request(max_tokens: usize, models: &[String], generates: bool) -> Value {
             "top_p": { "type": "number", "exclusiveMinimum": true, "minimum": 0, "maximum": 1 },
             "top_k": { "type": "integer", "minimum": 1 },
             "metadata": { "type": "object", "properties": { "user_id": { "type": "string" } } },
+            "routing": { "$ref": "#/components/schemas/Routing" },
+            "speculative": { "$ref": "#/components/schemas/Speculative" },
         });
         if let (Some(all), Value::Object(more)) = (properties.as_object_mut(), generation) {
             all.extend(more);

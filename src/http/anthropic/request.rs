@@ -23,8 +23,9 @@ const KNOWN: &[&str] = &[
     "metadata",
     "tools",
     "tool_choice",
-    // This server's extension, as on chat.
+    // This server's extensions, as on chat.
     "routing",
+    "speculative",
     // A capacity hint with one meaning here.
     "service_tier",
 ];
@@ -67,7 +68,13 @@ pub fn to_chat(body: &Value, count_only: bool) -> Result<Value, ApiError> {
         None if count_only => {}
         None => return Err(ApiError::bad_request("`max_tokens` is required", Some("max_tokens"))),
     }
-    for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("routing", "routing")] {
+    for (from, to) in [
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("routing", "routing"),
+        ("speculative", "speculative"),
+    ] {
         if let Some(v) = fields.get(from).filter(|v| !v.is_null()) {
             chat.insert(to.into(), v.clone());
         }

@@ -43,7 +43,7 @@ pub fn usage(openai: &Value) -> Value {
     m.insert("cache_creation_input_tokens".into(), json!(0));
     m.insert("cache_read_input_tokens".into(), json!(cached));
     m.insert("output_tokens".into(), json!(openai["completion_tokens"].as_u64().unwrap_or(0)));
-    for extension in ["tokens_per_model", "switches"] {
+    for extension in ["tokens_per_model", "switches", "speculation"] {
         if let Some(v) = openai.get(extension) {
             m.insert(extension.into(), v.clone());
         }
@@ -84,8 +84,10 @@ pub fn message(openai: &Value) -> Value {
     m.insert("stop_reason".into(), json!(reason));
     m.insert("stop_sequence".into(), json!(sequence));
     m.insert("usage".into(), usage(&openai["usage"]));
-    if let Some(trace) = choice.get("routing_trace") {
-        m.insert("routing_trace".into(), trace.clone());
+    for extension in ["routing_trace", "routing_drafted"] {
+        if let Some(value) = choice.get(extension) {
+            m.insert(extension.into(), value.clone());
+        }
     }
     Value::Object(m)
 }

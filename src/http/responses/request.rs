@@ -34,6 +34,7 @@ const KNOWN: &[&str] = &[
     "stream_options",
     // This server's extensions, as on chat.
     "routing",
+    "speculative",
     "seed",
     "top_k",
 ];
@@ -171,6 +172,7 @@ pub fn to_chat(body: &Value, history: &[Value], input: &[Value]) -> Result<Value
         ("top_k", "top_k"),
         ("seed", "seed"),
         ("routing", "routing"),
+        ("speculative", "speculative"),
         ("parallel_tool_calls", "parallel_tool_calls"),
     ] {
         if let Some(v) = fields.get(from).filter(|v| !v.is_null()) {

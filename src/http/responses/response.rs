@@ -72,7 +72,7 @@ pub fn usage(chat: &Value) -> Value {
     m.insert("output_tokens".into(), json!(output));
     m.insert("output_tokens_details".into(), json!({ "reasoning_tokens": 0 }));
     m.insert("total_tokens".into(), json!(input + output));
-    for extension in ["tokens_per_model", "switches"] {
+    for extension in ["tokens_per_model", "switches", "speculation"] {
         if let Some(v) = chat.get(extension) {
             m.insert(extension.into(), v.clone());
         }
@@ -164,8 +164,10 @@ pub fn from_chat(meta: &ResponseMeta, chat: &Value, keep: Option<Keep>) -> Value
     output.extend(calls.iter().enumerate().map(|(k, c)| call_item(meta, k, c, "completed")));
     let status = if incomplete { "incomplete" } else { "completed" };
     let mut response = meta.object(status, output, Some(usage(&chat["usage"])), incomplete);
-    if let Some(trace) = choice.get("routing_trace") {
-        response["routing_trace"] = trace.clone();
+    for extension in ["routing_trace", "routing_drafted"] {
+        if let Some(value) = choice.get(extension) {
+            response[extension] = value.clone();
+        }
     }
     if let Some(keep) = keep {
         keep.keep(meta, text, &calls, &response);

@@ -58,8 +58,9 @@ fn latency_by_rows_served(stats: &SubserverStats) -> Option<LatencyTable> {
     LatencyTable::from_points(points)
 }
 
-/// Row i of the routing and commit matrices. A row that stays commits its token; the
-/// tokens committed beyond the stays belong to the rows that moved.
+/// Row i of the routing and commit matrices. A row that stays commits its token and the
+/// draft tokens its verify step kept (speculative decoding: a verify row commits up to
+/// k + 1); of the rest, the tokens committed beyond the stays belong to the rows that moved.
 fn routing_of(model: usize, models: usize, stats: &SubserverStats) -> (Vec<f64>, Vec<f64>) {
     let moved: Vec<f64> = (0..models).map(|j| stats.handoffs_to.get(j).copied().unwrap_or(0) as f64).collect();
     let total_moved: f64 = moved.iter().sum();
@@ -74,10 +75,15 @@ fn routing_of(model: usize, models: usize, stats: &SubserverStats) -> (Vec<f64>,
         route[j] = moved[j] / rows;
     }
     route[model] = (1.0 - route.iter().sum::<f64>()).max(0.0);
+    let stays = rows - total_moved;
+    let kept_drafts = stats.accepted_draft_tokens as f64;
     if total_moved > 0.0 {
-        let stays = rows - total_moved;
-        let per_move = ((stats.tokens_committed as f64 - stays) / total_moved).clamp(0.0, 1.0);
+        let own_tokens = (stats.tokens_committed as f64 - kept_drafts).max(0.0);
+        let per_move = ((own_tokens - stays) / total_moved).clamp(0.0, 1.0);
         (0..models).filter(|&j| j != model).for_each(|j| commit[j] = per_move);
+    }
+    if stays > 0.0 {
+        commit[model] = 1.0 + kept_drafts / stays;
     }
     (route, commit)
 }
@@ -116,6 +122,23 @@ mod tests {
         assert_eq!(input.commit[1][0], 1.0);
         // The single step of 9 tokens is too few to trust: the 4-token cost goes on.
         assert!(close(input.latencies[0].at(2), 6.0) && close(input.latencies[0].at(9), 7.0 + 0.5 * 5.0));
+        input.validate().unwrap();
+    }
+
+    #[test]
+    fn a_verify_row_commits_the_drafts_it_kept_and_costs_the_tokens_it_fed() {
+        // 100 rows, 40 of them verifying 4 guesses each (160 guesses fed, 90 kept).
+        let mut large = stats(100, 190, vec![0, 0], &[(1, 1, 60, 25.0), (1, 5, 40, 75.0)]);
+        large.accepted_draft_tokens = 90;
+        let small = stats(10, 10, vec![0, 0], &[(1, 1, 10, 5.0)]);
+        let input = input_from_stats(&[small.clone(), large.clone()], &[], 1, 64).unwrap();
+        assert!(close(input.commit[1][1], 1.9), "{:?}", input.commit);
+        // The row's cost is that of the tokens rows feed on average (2.6 here).
+        assert!(input.latencies[1].at(1) > 25.0 && input.latencies[1].at(1) < 75.0, "{:?}", input.latencies[1]);
+        // With moves: the moved rows' commit is read from the tokens the verify steps did not add.
+        large.handoffs_to = vec![20, 0];
+        let input = input_from_stats(&[small, large], &[], 1, 64).unwrap();
+        assert!(close(input.commit[1][0], 1.0) && close(input.commit[1][1], 1.0 + 90.0 / 80.0), "{:?}", input.commit);
         input.validate().unwrap();
     }
 
