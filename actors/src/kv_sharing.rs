@@ -3,7 +3,7 @@
 //! split follows demand (a routed pair rarely needs its small model's share).
 //! llama.cpp contexts and remote models keep budgets of their own.
 
-use tokenrouter_core::model::backend::effective_kv_dtype;
+use tokenrouter_core::model::effective_kv_dtype;
 use tokenrouter_core::model::{read_model_config, share_device_kv, share_kv, BackendKind, DeviceSpec, KvGeometry};
 
 use crate::config::ModelSpec;

@@ -8,23 +8,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::{ModelError, Result};
+pub use super::kv_group::KvEvent;
 use super::kv_group::{PoolGroup, PoolShape, PoolState};
 use super::prefix_cache::{PrefixCacheStats, ROOT_KEY};
-
-/// What a pool records for a backend that keys K/V by sequence (see [`BlockPool::recording_events`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvEvent {
-    /// K/V of `sequence` from position `from` on was forgotten; `dropped`: the sequence
-    /// is gone for good.
-    Trim { sequence: u64, from: usize, dropped: bool },
-    /// `sequence`'s full block at `index` (positions `index * block_size..`) entered the
-    /// prefix cache as `block`.
-    Seal { sequence: u64, block: u32, index: usize },
-    /// The empty `sequence` took cached `blocks` as its first positions.
-    Attach { sequence: u64, blocks: Vec<u32> },
-    /// `block` left the prefix cache (taken for new K/V, or about to be rewritten).
-    Uncache { block: u32 },
-}
 
 /// A pool of `total_blocks` blocks of `block_size` token slots each, alone or in a
 /// group of pools that share one budget of storage pages (see [`BlockPool::shared`]).

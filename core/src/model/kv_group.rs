@@ -8,8 +8,22 @@
 //! the group's least recently freed cached blocks, its own or another model's. A model
 //! alone is a group of one whose page is its block.
 
-use super::kv::KvEvent;
 use super::prefix_cache::PrefixIndex;
+
+/// What a pool records for a backend that keys K/V by sequence (see [`BlockPool::recording_events`](super::kv::BlockPool::recording_events)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// K/V of `sequence` from position `from` on was forgotten; `dropped`: the sequence
+    /// is gone for good.
+    Trim { sequence: u64, from: usize, dropped: bool },
+    /// `sequence`'s full block at `index` (positions `index * block_size..`) entered the
+    /// prefix cache as `block`.
+    Seal { sequence: u64, block: u32, index: usize },
+    /// The empty `sequence` took cached `blocks` as its first positions.
+    Attach { sequence: u64, blocks: Vec<u32> },
+    /// `block` left the prefix cache (taken for new K/V, or about to be rewritten).
+    Uncache { block: u32 },
+}
 
 #[derive(Debug)]
 pub(crate) struct PoolState {

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Storage, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::error::{ModelError, Result};
+use super::ops::with_slice;
 use super::panels::PanelMatrix;
 
 #[derive(Debug, Clone)]
@@ -77,15 +78,4 @@ pub(crate) fn add_bias(y: &mut [f32], rows: usize, bias: Option<&Tensor>) -> Res
         row.iter_mut().zip(&b).for_each(|(v, b)| *v += b);
     }
     Ok(())
-}
-
-/// Runs `f` on the data of a contiguous CPU tensor of element type `T`, without copying it.
-pub(crate) fn with_slice<T: candle_core::WithDType, R>(
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> R,
-) -> candle_core::Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("our matmul runs on CPU tensors only") };
-    let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("tensor is not contiguous") };
-    Ok(f(&cpu.as_slice::<T>()?[start..end]))
 }

@@ -4,6 +4,7 @@
 pub mod attention;
 mod attention_kernel;
 pub mod backend;
+pub mod candle_backend;
 pub mod config;
 pub mod cuda;
 pub mod device;
@@ -21,8 +22,10 @@ mod kv_group;
 pub mod linear;
 #[cfg(feature = "llamacpp")]
 pub mod llamacpp;
+pub mod load;
 pub mod machine;
 pub mod matmul;
+pub mod model_files;
 mod ops;
 pub mod panels;
 pub mod prefix_cache;
@@ -41,13 +44,13 @@ pub mod warmup;
 pub mod weights;
 mod zeroed_pages;
 
-pub use backend::{
-    load_backend, read_model_config, Backend, BackendKind, CandleBackend, ForwardOutput, LoadOptions, RowInput,
-    StepCostSource, WeightDtype,
-};
+pub use backend::{Backend, BackendKind, ForwardOutput, LoadOptions, RowInput, StepCostSource, WeightDtype};
+pub use candle_backend::CandleBackend;
 pub use config::{Arch, ModelConfig};
 pub use device::DeviceSpec;
 pub use error::{ModelError, Result};
 pub use kv::{BlockPool, KvCapacity, KvEvent, KvSeq, SharedPoolSpec};
 pub use kv_arena::{share_device_kv, share_kv, KvDtype, KvGeometry, SharedKv};
+pub use load::{effective_kv_dtype, load_backend};
+pub use model_files::read_model_config;
 pub use prefix_cache::PrefixCacheStats;

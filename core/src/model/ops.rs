@@ -1,9 +1,11 @@
 //! The elementwise steps of a decoder layer (RMSNorm, SiLU-gated product, residual add)
 //! on row-major f32 buffers. They run on rayon next to our matmul and attention, so a
-//! layer's step touches one thread pool, not candle's second one too.
+//! layer's step touches one thread pool, not candle's second one too. Also the view of
+//! a CPU tensor's data that our kernels read without a copy.
 
 use std::mem::MaybeUninit;
 
+use candle_core::{Storage, Tensor};
 use rayon::prelude::*;
 
 use super::simd::{exp_scalar, with_active_simd, Simd};
@@ -129,4 +131,15 @@ mod tests {
             assert!(sum.iter().zip(x.iter().zip(&normed)).all(|(s, (a, b))| *s == a + b));
         }
     }
+}
+
+/// Runs `f` on the data of a contiguous CPU tensor of element type `T`, without copying it.
+pub(crate) fn with_slice<T: candle_core::WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> R,
+) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else { candle_core::bail!("our matmul runs on CPU tensors only") };
+    let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("tensor is not contiguous") };
+    Ok(f(&cpu.as_slice::<T>()?[start..end]))
 }

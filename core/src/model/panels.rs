@@ -6,8 +6,8 @@ use candle_core::{DType, Tensor};
 
 use super::error::{ModelError, Result};
 use super::huge_pages::prefer_huge_pages;
-use super::linear::with_slice;
 use super::matmul::{matmul_xwt_to_vec, pack_panels, panel_len, Panels};
+use super::ops::with_slice;
 use super::simd::Elem;
 
 /// One cache line of storage; a `Vec` of them is 64-byte aligned.

@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::error::{ModelError, Result};
 use super::huge_pages::prefer_huge_pages;
-use super::linear::{add_bias, with_slice, Linear};
+use super::linear::{add_bias, Linear};
+use super::ops::with_slice;
 use super::panels::PanelMatrix;
 use super::qmatmul::{self, Format};
 

@@ -4,7 +4,9 @@
 //! grown as tokens are committed; one per model over recent outputs, bounded in nodes
 //! and evicting whole outputs oldest first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 
 /// Longest run indexed: a match and the draft that continues it fit in this many tokens.
 pub const SUFFIX_DEPTH: usize = 32;
@@ -53,7 +55,7 @@ impl SuffixTrie {
     pub fn new() -> Self {
         let root =
             Node { count: 0, token: NONE, parent: NONE, first_child: NONE, next_sibling: NONE, prev_sibling: NONE };
-        SuffixTrie { nodes: vec![root], index: HashMap::new(), free: Vec::new(), open: Vec::new() }
+        SuffixTrie { nodes: vec![root], index: HashMap::default(), free: Vec::new(), open: Vec::new() }
     }
 
     /// Nodes in use, the root aside.

@@ -219,5 +219,5 @@ fn the_suffix_cache_stays_within_its_node_budget_and_keeps_the_newest_outputs() 
     // Memory: slots for at most twice the budget's nodes (an output is added before the
     // oldest go), 37 bytes each with its index entry, in containers that grow by doubling.
     assert!(peak_bytes <= budget * BYTES_PER_BUDGET_NODE, "{peak_bytes} bytes at most");
-    assert!(peak_bytes >= budget * 37, "{peak_bytes} bytes at most: the estimate counts the nodes");
+    assert!(peak_bytes >= budget * 37, "{peak_bytes} bytes: the estimate counts the nodes");
 }

@@ -15,12 +15,13 @@ mod ffi;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::backend::{check_rows, read_model_config, reserve_rows, Backend, ForwardOutput, LoadOptions, RowInput};
+use super::backend::{check_rows, reserve_rows, Backend, ForwardOutput, LoadOptions, RowInput};
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::gguf::write_gguf;
 use super::gguf_read::is_gguf_file;
 use super::kv::BlockPool;
+use super::model_files::read_model_config;
 use super::sequence_map::{SequenceCells, SequenceMap};
 use super::warmup::{self, WarmUpShape};
 use ffi::{Batch, Context, ContextSpec, DecodeFailure, Model};
