@@ -119,18 +119,22 @@ impl SuffixTrie {
     /// The continuation of `context`'s tail that most likely follows, from runs of at
     /// least `min_match` tokens: of every length matched, the one whose greedy path
     /// expects the most kept guesses (a long match is surer, a short one reaches further).
-    /// `context_is_text`: the context is the trie's own text, whose tail occurrence
-    /// has no continuation and is not counted against the others.
+    /// `context_is_text`: the context is the text pushed so far, whose tail runs the trie
+    /// already holds (no walk from the root) and whose tail occurrence has no
+    /// continuation, so it is not counted against the others. Ties go to the longer match.
     pub fn draft(&self, context: &[u32], min_match: usize, limit: usize, context_is_text: bool) -> Option<SuffixDraft> {
         let longest = context.len().min(SUFFIX_DEPTH - 1);
         let mut best: Option<SuffixDraft> = None;
-        for match_len in (min_match.max(1)..=longest).rev() {
-            let Some(node) = self.find(&context[context.len() - match_len..]) else { continue };
+        for match_len in min_match.max(1)..=longest {
+            let node = match context_is_text {
+                true => self.open.get(match_len - 1).copied(),
+                false => self.find(&context[context.len() - match_len..]),
+            };
+            // Every run a text holds holds its own tail: where a run is missing, so is any longer one.
+            let Some(node) = node else { break };
             let candidate = self.follow(node, match_len, limit, u32::from(context_is_text));
-            if candidate.tokens.is_empty() {
-                continue;
-            }
-            if best.as_ref().is_none_or(|b| candidate.expected_kept > b.expected_kept) {
+            if !candidate.tokens.is_empty() && best.as_ref().is_none_or(|b| candidate.expected_kept >= b.expected_kept)
+            {
                 best = Some(candidate);
             }
         }
