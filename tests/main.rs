@@ -20,6 +20,7 @@ mod examples;
 mod fuzz_api;
 mod http;
 mod hub;
+mod imports;
 mod limits;
 mod model_import;
 mod openai_surface;

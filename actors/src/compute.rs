@@ -16,30 +16,25 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use tokenrouter_core::model::{load_backend, profile, Backend, BlockPool, KvCapacity, ModelConfig, StepCostSource};
+use tokenrouter_core::model::{load_backend, profile, Backend, StepCostSource};
 use tokenrouter_core::sched::planner::LatencyTable;
 use tokenrouter_core::sched::{
     Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig,
-    SubserverStats,
 };
 
 use crate::config::{ModelSpec, SupervisionConfig};
 use crate::error::EngineError;
-use crate::registry::Registry;
-
-/// Bound of every compute inbox. In-flight messages are bounded by active requests;
-/// this only guards against a runaway producer.
-pub(crate) const INBOX_CAPACITY: usize = 65_536;
+use crate::handles::ComputeLinks;
+use crate::messages::{ComputeMsg, Fault, Loaded, SubserverSnapshot, INBOX_CAPACITY};
 
 /// Test hook: how long a compute thread waits between sending a step's events and its
 /// handoffs, widening the window in which a client's release can overtake a move.
 static HANDOFF_DELAY_US: AtomicU64 = AtomicU64::new(0);
 
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub fn set_handoff_delay_for_tests(delay: Duration) {
     HANDOFF_DELAY_US.store(delay.as_micros() as u64, Ordering::Relaxed);
 }
@@ -47,75 +42,6 @@ pub fn set_handoff_delay_for_tests(delay: Duration) {
 /// Panics within [`PANIC_WINDOW`] after which a model gives up.
 const MAX_PANICS: usize = 5;
 const PANIC_WINDOW: Duration = Duration::from_secs(60);
-
-pub(crate) enum ComputeMsg {
-    /// The engine-wide settings, once every model has loaded.
-    Start(SubserverConfig, BatchingRule),
-    Arrive(Arrival),
-    Release(RequestId),
-    SetActive(usize),
-    SetRule(BatchingRule),
-    Stats(Sender<SubserverSnapshot>),
-    /// Test hook: panic at a chosen point, as a bug would.
-    InjectFault(Fault),
-    Shutdown,
-}
-
-/// Where an injected panic strikes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Fault {
-    /// The next step, before its forward.
-    Step,
-    /// The next step, after its first row's decision was applied.
-    MidApply,
-    /// The handling of the next arrival, after the subserver took it in.
-    Message,
-    /// The recovery after the next panic (arm a panic with another fault too).
-    Recover,
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SubserverSnapshot {
-    pub model: String,
-    pub ready: usize,
-    pub pending: usize,
-    pub threshold: usize,
-    pub kv: KvCapacity,
-    pub stats: SubserverStats,
-    pub restarts: u64,
-    /// Requests rebuilt here from their committed tokens after a restart.
-    #[serde(default)]
-    pub resumed: u64,
-    /// Out of service after repeated panics (until it has reloaded from its weights).
-    #[serde(default)]
-    pub failed: bool,
-    /// Times it reloaded from its weights after going out of service.
-    #[serde(default)]
-    pub reloads: u64,
-}
-
-/// What a loaded model reports before serving.
-pub(crate) struct Loaded {
-    pub config: ModelConfig,
-    pub capacity: KvCapacity,
-    /// The model's block pool, where it is in this process (for admission to look
-    /// up cached prefixes).
-    pub pool: Option<BlockPool>,
-    /// Its cost by tokens fed, saved or measured at start-up, for the planner.
-    pub step_cost: Option<LatencyTable>,
-}
-
-pub(crate) struct ComputeLinks {
-    pub name: String,
-    /// Every model's name, by index (for per-peer metrics).
-    pub model_names: Vec<String>,
-    pub peers: Arc<OnceLock<Vec<Sender<ComputeMsg>>>>,
-    pub registry: Registry,
-    /// Held for the duration of a step when models take turns on shared cores.
-    pub turn: Option<Arc<parking_lot::Mutex<()>>>,
-    pub supervision: SupervisionConfig,
-}
 
 /// Starts the thread; it loads the model and reports on `loaded` before serving.
 pub(crate) fn spawn(

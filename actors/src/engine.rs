@@ -1,5 +1,7 @@
-//! The engine: the library API (`start`, `generate`, `shutdown`) and the supervisor
-//! of the actor tree (one subserver per model, the KV manager, request actors).
+//! The engine: it builds the parts (one subserver per model, the KV budget, the
+//! tokenizer and re-planning actors) and hands requests the narrow [`EngineLinks`];
+//! it serves the library API (`start`, `generate`, `shutdown`) and supervises the
+//! actor tree.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -7,53 +9,44 @@ use std::time::{Duration, Instant};
 
 use flume::Sender;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokenrouter_core::model::{BlockPool, KvCapacity, ModelConfig};
+use tokenrouter_core::model::{BlockPool, ModelConfig};
 use tokenrouter_core::policy::{expected_delegation, Policy};
 use tokenrouter_core::sched::planner::{LatencyTable, PlannerStatus, Replanner, DEFAULT_DELEGATION_PRIOR};
 use tokenrouter_core::sched::request::only_model;
-use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId, RequestSpec, SubserverConfig};
-use tokio::sync::mpsc::unbounded_channel;
-
-use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, SubserverSnapshot};
-use crate::config::{AdmissionConfig, EngineConfig};
-use crate::error::EngineError;
-use crate::events::{GenerateRequest, GenerationEvent, Usage};
-use crate::grammar::Grammars;
-use crate::health::{ModelReadiness, Readiness};
-use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, Ticket};
-use crate::kv_sharing::share_colocated_kv;
-pub use crate::launch::GenerationStream;
-use crate::launch::{Launch, StreamLink};
-use crate::registry::Registry;
-use crate::remote::{self, ClusterConfig, NodeStatus};
-use crate::replan::{PlannerStatusCell, ReplanActor, ReplanArgs, ReplanMsg};
-use crate::request::{RequestCore, RequestMsg, Reservation, TextStream};
-use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
+use tokenrouter_core::sched::{BatchingRule, RequestId, RequestSpec, SubserverConfig};
 use tokenrouter_core::tokenize::incremental::SessionConfig;
 use tokenrouter_core::tokenize::{
     shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError,
 };
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-/// How long a stats or tokenizer call may take before the caller gives up on it.
-const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+use crate::compute;
+use crate::config::{AdmissionConfig, EngineConfig};
+use crate::error::EngineError;
+use crate::events::{GenerateRequest, GenerationEvent, Usage};
+use crate::grammar::Grammars;
+use crate::handles::{ComputeLinks, EngineLinks, STATS_TIMEOUT};
+use crate::health::{ModelReadiness, Readiness};
+use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, SharedPages, Ticket};
+use crate::kv_sharing::share_colocated_kv;
+pub use crate::launch::GenerationStream;
+use crate::launch::{Launch, StreamLink};
+use crate::messages::{ComputeMsg, Fault, Loaded, ReplanMsg, RequestMsg, SubserverSnapshot};
+use crate::registry::Registry;
+use crate::remote::{self, ClusterConfig, NodeStatus};
+use crate::replan::{PlannerStatusCell, ReplanActor, ReplanArgs};
+use crate::request::{RequestCore, Reservation, TextStream};
+use crate::tokenizer::{RenderedChat, TokenizerActor, TokenizerMsg};
+
+/// How long a tokenizer call may take before the caller gives up on it.
 const TOKENIZE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// State every request actor and the engine handle share.
-pub struct EngineShared {
-    names: Vec<String>,
+/// What the engine handle and its supervisor share; requests see only its `links`.
+struct EngineShared {
+    links: Arc<EngineLinks>,
     configs: Vec<ModelConfig>,
-    /// Each model's one ordered inbox (a compute thread, or a remote model's link).
-    computes: Vec<Sender<ComputeMsg>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    kv: KvAdmission,
     admission: AdmissionConfig,
-    registry: Registry,
-    /// Active request count; changes are broadcast under this lock so every
-    /// subserver sees them in order (a stale high N could deadlock thresholds).
-    active: Mutex<usize>,
-    /// Times to first token since the last [`Engine::take_recent_ttfts`], in seconds
-    /// (at most `RECENT_TTFTS`; a reader that never comes keeps only the first ones).
-    recent_ttfts: parking_lot::Mutex<Vec<f32>>,
     next_id: AtomicU64,
     default_policy: Arc<dyn Policy>,
     shared_vocab: usize,
@@ -72,98 +65,11 @@ pub struct EngineShared {
     pools: Vec<Option<BlockPool>>,
 }
 
-/// The most first-token times kept between two reads of [`Engine::take_recent_ttfts`].
-const RECENT_TTFTS: usize = 4096;
-
 impl EngineShared {
-    pub(crate) fn record_ttft(&self, seconds: f64) {
-        metrics::histogram!("tokenrouter_request_ttft_seconds").record(seconds);
-        let mut recent = self.recent_ttfts.lock();
-        if recent.len() < RECENT_TTFTS {
-            recent.push(seconds as f32);
-        }
-    }
-
     /// Prompt tokens every model holds cached now (0 if a model cannot say).
     fn cached_everywhere(&self, prompt: &[u32]) -> usize {
         let cached = self.pools.iter().map(|p| p.as_ref().map_or(0, |p| p.cached_prefix_tokens(prompt)));
         cached.min().unwrap_or(0)
-    }
-
-    pub fn model_count(&self) -> usize {
-        self.names.len()
-    }
-
-    pub fn model_name(&self, index: usize) -> &str {
-        &self.names[index]
-    }
-
-    pub(crate) fn active_count(&self) -> usize {
-        *self.active.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Per-model snapshots from the subservers that answer in time.
-    pub(crate) async fn snapshots(&self) -> Vec<SubserverSnapshot> {
-        let mut asked = Vec::new();
-        for compute in &self.computes {
-            let (tx, rx) = flume::bounded(1);
-            if compute.try_send(ComputeMsg::Stats(tx)).is_ok() {
-                asked.push(rx);
-            }
-        }
-        let mut out = Vec::new();
-        for rx in asked {
-            if let Ok(Ok(snapshot)) = tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await {
-                out.push(snapshot);
-            }
-        }
-        out
-    }
-
-    pub(crate) fn broadcast_rule(&self, rule: BatchingRule) {
-        self.to_every_model(|| ComputeMsg::SetRule(rule.clone()));
-    }
-
-    fn change_active(&self, delta: isize) {
-        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-        *active = active.saturating_add_signed(delta);
-        self.to_every_model(|| ComputeMsg::SetActive(*active));
-        metrics::gauge!("tokenrouter_active_requests").set(*active as f64);
-    }
-
-    /// Sends to every model's inbox. The inboxes are far larger than the messages a
-    /// bounded number of requests can have in flight, so this does not block.
-    fn to_every_model(&self, msg: impl Fn() -> ComputeMsg) {
-        for compute in &self.computes {
-            let _ = compute.send(msg());
-        }
-    }
-
-    /// Hands a request to a model (its entry, or a model that lost it).
-    pub(crate) fn deliver(&self, model: usize, arrival: Arrival) -> Result<(), EngineError> {
-        self.computes[model]
-            .send(ComputeMsg::Arrive(arrival))
-            .map_err(|_| EngineError::ModelUnavailable(format!("model {} is gone", self.names[model])))
-    }
-
-    /// The request holds its reservation and has an actor: it counts as active, and
-    /// compute threads accept arrivals for it from now on.
-    pub(crate) fn admitted(&self, id: RequestId, actor: ActorRef<RequestMsg>) {
-        self.registry.insert(id, actor);
-        self.change_active(1);
-    }
-
-    pub(crate) fn kv_release(&self, id: RequestId) {
-        self.kv.release(id);
-    }
-
-    /// The request ended: free it on every model and in the KV budget. It leaves the
-    /// registry first, so an arrival still on its way is refused where it lands.
-    pub(crate) fn release(&self, id: RequestId) {
-        self.registry.remove(id);
-        self.to_every_model(|| ComputeMsg::Release(id));
-        self.kv.release(id);
-        self.change_active(-1);
     }
 }
 
@@ -193,8 +99,8 @@ impl Actor for Supervisor {
         let SupervisionEvent::ActorFailed(who, why) = event else { return Ok(()) };
         tracing::error!(actor = ?who.get_id(), %why, "engine actor failed");
         let Some(shared) = self.shared.get().and_then(Weak::upgrade) else { return Ok(()) };
-        if let Some(id) = shared.registry.request_of(who.get_id()) {
-            shared.release(id);
+        if let Some(id) = shared.links.registry.request_of(who.get_id()) {
+            shared.links.release(id);
         } else if shared.tokenizer_actor.read().as_ref().is_some_and(|t| t.get_id() == who.get_id()) {
             respawn_tokenizer(&shared, &me).await;
         }
@@ -244,71 +150,24 @@ impl Engine {
         config.batching.validate(config.models.len()).map_err(|e| EngineError::Config(e.to_string()))?;
         tokenrouter_core::model::threads::configure(None);
         let registry = Registry::default();
-        let peers = Arc::new(OnceLock::new());
-        let turn = config.exclusive_compute.then(|| Arc::new(parking_lot::Mutex::new(())));
         let mut front = match cluster {
             Some(c) => Some(remote::FrontCluster::start(c, &config.models).await?),
             None => None,
         };
-        let mut models = config.models.clone();
-        let shared_pages = match config.admission.share_kv {
-            true => {
-                share_colocated_kv(&mut models, |m| front.as_ref().is_none_or(|f| f.remote_for(&m.name).is_none()))?
-            }
-            false => None,
-        };
-        let mut started = Vec::new();
-        for spec in &models {
-            let links = ComputeLinks {
-                name: spec.name.clone(),
-                model_names: config.models.iter().map(|m| m.name.clone()).collect(),
-                peers: peers.clone(),
-                registry: registry.clone(),
-                turn: turn.clone(),
-                supervision: config.supervision,
-            };
-            match front.as_mut().filter(|f| f.remote_for(&spec.name).is_some()) {
-                Some(f) => started.push(remote::spawn_link(f.link_start(started.len(), spec, links)?).await?),
-                None => started.push(compute::spawn(spec.clone(), links)),
-            }
-        }
-        let mut loaded = Vec::new();
-        for (_, ready, _) in &started {
-            let model = ready
-                .recv_async()
-                .await
-                .map_err(|_| EngineError::Internal("a compute thread died while loading".into()))??;
-            loaded.push(model);
-        }
+        let started = start_models(&config, &registry, front.as_mut()).await?;
+        let loaded = await_loaded(&started.ready).await?;
         let configs: Vec<ModelConfig> = loaded.iter().map(|l| l.config.clone()).collect();
-        let capacities: Vec<KvCapacity> = loaded.iter().map(|l| l.capacity).collect();
-        let pools: Vec<Option<BlockPool>> = loaded.iter().map(|l| l.pool.clone()).collect();
-        let step_costs: Vec<Option<LatencyTable>> = loaded.iter().map(|l| l.step_cost.clone()).collect();
         let shared_vocab = configs.iter().map(|c| c.vocab_size).min().expect("one model at least");
         let max_context = configs.iter().map(|c| c.max_position_embeddings).min().expect("one model at least");
-        peers.set(started.iter().map(|(tx, _, _)| tx.clone()).collect()).ok();
-        for (m, (tx, _, _)) in started.iter().enumerate() {
-            let mut sub = SubserverConfig::new(m, config.models.len(), shared_vocab, max_context);
-            sub.max_batch_rows = config.limits.max_batch_rows;
-            sub.prefill_chunk = config.limits.prefill_chunk;
-            sub.step_token_budget = config.limits.step_token_budget;
-            sub.drafting = config.limits.drafting.clone();
-            let _ = tx.send(compute::ComputeMsg::Start(sub, config.batching.clone()));
-        }
-        let spawn_err = |e: ractor::SpawnErr| EngineError::Internal(e.to_string());
+        started.peers.set(started.computes.clone()).ok();
+        send_start(&config, &started.computes, shared_vocab, max_context);
         let supervised = Arc::new(OnceLock::new());
         let (root, _) = Actor::spawn(None, Supervisor { shared: supervised.clone() }, ()).await.map_err(spawn_err)?;
         let names: Vec<String> = config.models.iter().map(|m| m.name.clone()).collect();
-        let (computes, threads): (Vec<_>, Vec<_>) = started.into_iter().map(|(tx, _, thread)| (tx, thread)).unzip();
         for name in &names {
             tracing::info!(model = %name, "subserver up");
         }
-        let mut ledger =
-            KvLedger::new(names.clone(), capacities.iter().map(|c| c.total_tokens()).collect(), &config.admission);
-        if let Some(pages) = shared_pages {
-            ledger = ledger.with_shared_pages(pages);
-        }
-        let kv = KvAdmission::new(ledger, config.admission.kv_wait_timeout);
+        let kv = kv_admission(&config, &names, &loaded, started.shared_pages);
         let tokenizer = shared_tokenizer(&config)?;
         let tokenizer_actor = match &tokenizer {
             Some(t) => {
@@ -316,25 +175,16 @@ impl Engine {
             }
             None => None,
         };
-        let mut eos_ids: Vec<u32> = configs.iter().flat_map(|c| c.eos_token_ids.iter().copied()).collect();
-        eos_ids.extend(tokenizer.iter().flat_map(|t| t.eos_token_ids().iter().copied()));
-        eos_ids.sort_unstable();
-        eos_ids.dedup();
         let shared = Arc::new(EngineShared {
-            names,
+            links: Arc::new(EngineLinks::new(names, started.computes, kv, registry)),
+            eos_ids: eos_ids(&configs, tokenizer.as_ref()),
             configs,
-            computes,
-            threads: Mutex::new(threads),
-            kv,
+            threads: Mutex::new(started.threads),
             admission: config.admission.clone(),
-            registry,
-            active: Mutex::new(0),
-            recent_ttfts: parking_lot::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
-            default_policy: config.default_policy,
+            default_policy: config.default_policy.clone(),
             shared_vocab,
             max_context,
-            eos_ids,
             closing: AtomicBool::new(false),
             grammars: Arc::new(Grammars::new(
                 tokenizer.clone(),
@@ -345,30 +195,17 @@ impl Engine {
             tokenizer_actor: parking_lot::RwLock::new(tokenizer_actor),
             session_config: parking_lot::Mutex::new(None),
             nodes: front.map(|f| f.statuses).unwrap_or_default(),
-            pools,
+            pools: loaded.iter().map(|l| l.pool.clone()).collect(),
         });
         supervised.set(Arc::downgrade(&shared)).ok();
         shared.grammars.warm_up();
-        let replanner = match config.replan {
-            Some(replan) => {
-                let plan_at_start =
-                    (replan.plan_at_start && step_costs.len() == 2 && step_costs.iter().all(Option::is_some))
-                        .then(|| expected_delegation(&*shared.default_policy).unwrap_or(DEFAULT_DELEGATION_PRIOR));
-                let mut replanner = Replanner::new(replan, config.batching.clone());
-                replanner.set_priors(step_costs);
-                let status = PlannerStatusCell::new(replanner.status());
-                let args =
-                    ReplanArgs { replanner, engine: Arc::downgrade(&shared), plan_at_start, status: status.clone() };
-                let actor = Actor::spawn_linked(None, ReplanActor, args, root.get_cell()).await.map_err(spawn_err)?.0;
-                Some((actor, status))
-            }
-            None => None,
-        };
+        let step_costs = loaded.into_iter().map(|l| l.step_cost).collect();
+        let replanner = spawn_replanner(&config, &shared, step_costs, &root).await?;
         Ok(Engine { shared, root, replanner })
     }
 
     pub fn model_names(&self) -> &[String] {
-        &self.shared.names
+        self.shared.links.names()
     }
 
     pub fn model_configs(&self) -> &[ModelConfig] {
@@ -419,15 +256,15 @@ impl Engine {
         });
         let need = KvNeed::new(spec.prompt.len(), max_tokens)
             .with_cached(s.cached_everywhere(&spec.prompt))
-            .only_on(only_model(&spec, s.model_count()));
-        let ticket = s.kv.request(id, need)?;
+            .only_on(only_model(&spec, s.links.model_count()));
+        let ticket = s.links.kv.request(id, need)?;
         // Until a request actor owns the reservation, dropping this gives it back.
-        let reservation = Reservation::new(s.clone(), id);
+        let reservation = Reservation::new(s.links.clone(), id);
         let (client, events) = unbounded_channel();
         let launch = Launch {
-            shared: s.clone(),
+            links: s.links.clone(),
             root: self.root.clone(),
-            core: RequestCore::new(spec.clone(), s.model_count(), client.clone(), text),
+            core: RequestCore::new(spec.clone(), s.links.model_count(), client.clone(), text),
             spec,
             reservation,
             submitted,
@@ -435,38 +272,10 @@ impl Engine {
             link: StreamLink::new(),
         };
         let link = launch.link.clone();
-        let deadline = launch.deadline;
         match ticket {
             Ticket::Admitted => launch.run().await?,
             waiting => {
-                tokio::spawn(async move {
-                    let out_of_time = async {
-                        match deadline {
-                            Some(limit) => tokio::time::sleep_until((submitted + limit).into()).await,
-                            None => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        admitted = waiting.wait() => match admitted {
-                            Ok(()) => {
-                                if let Err(e) = launch.run().await {
-                                    let _ = client.send(GenerationEvent::error(e, Usage::default()));
-                                }
-                            }
-                            Err(e) => {
-                                drop(launch);
-                                let _ = client.send(GenerationEvent::error(e, Usage::default()));
-                            }
-                        },
-                        // The client left while waiting; dropping `launch` frees the place.
-                        () = client.closed() => {}
-                        () = out_of_time => {
-                            drop(launch);
-                            let limit = deadline.unwrap_or_default();
-                            let _ = client.send(GenerationEvent::error(EngineError::DeadlineExceeded { limit }, Usage::default()));
-                        }
-                    }
-                });
+                tokio::spawn(launch_when_admitted(waiting, launch, client));
             }
         }
         Ok(GenerationStream::new(events, link, id))
@@ -571,14 +380,15 @@ impl Engine {
     /// Whether every model can serve (its compute answers and is in service) and the
     /// tokenizer answers, each within a short time limit.
     pub async fn readiness(&self) -> Readiness {
-        self.readiness_of(&self.shared.snapshots().await).await
+        self.readiness_of(&self.shared.links.snapshots().await).await
     }
 
     /// [`readiness`](Self::readiness) from snapshots the caller already has.
     pub async fn readiness_of(&self, snapshots: &[SubserverSnapshot]) -> Readiness {
         let models = self
             .shared
-            .names
+            .links
+            .names()
             .iter()
             .map(|name| {
                 let reason = match snapshots.iter().find(|s| &s.model == name) {
@@ -610,7 +420,7 @@ impl Engine {
 
     /// Per-model snapshots: queues, thresholds, KV use, step statistics.
     pub async fn stats(&self) -> Vec<SubserverSnapshot> {
-        self.shared.snapshots().await
+        self.shared.links.snapshots().await
     }
 
     /// The remote subservers and the state of their nodes (empty without a cluster).
@@ -619,24 +429,24 @@ impl Engine {
     }
 
     pub async fn kv_usage(&self) -> Option<KvUsage> {
-        Some(self.shared.kv.usage())
+        Some(self.shared.links.kv.usage())
     }
 
     pub fn active_requests(&self) -> usize {
-        self.shared.active_count()
+        self.shared.links.active_count()
     }
 
     /// Requests whose actors compute threads can reach now (for leak checks: it must
     /// come back to zero with [`active_requests`](Self::active_requests)).
     #[doc(hidden)]
     pub fn registered_requests(&self) -> usize {
-        self.shared.registry.len()
+        self.shared.links.registry.len()
     }
 
     /// The times to first token (seconds) of requests whose first token came since the
     /// last call: what a stats history samples.
     pub fn take_recent_ttfts(&self) -> Vec<f32> {
-        std::mem::take(&mut *self.shared.recent_ttfts.lock())
+        self.shared.links.take_recent_ttfts()
     }
 
     /// What the planner did and why (as of its last decision, also while it searches):
@@ -647,11 +457,11 @@ impl Engine {
 
     /// Changes the delayed-batching thresholds of every subserver.
     pub fn set_batching(&self, rule: BatchingRule) -> Result<(), EngineError> {
-        rule.validate(self.shared.model_count()).map_err(|e| EngineError::Config(e.to_string()))?;
+        rule.validate(self.shared.links.model_count()).map_err(|e| EngineError::Config(e.to_string()))?;
         if let Some((replanner, _)) = &self.replanner {
             let _ = replanner.send_message(ReplanMsg::SetRule(rule.clone()));
         }
-        self.shared.broadcast_rule(rule);
+        self.shared.links.broadcast_rule(rule);
         Ok(())
     }
 
@@ -659,33 +469,187 @@ impl Engine {
     /// chosen point, as a bug would.
     #[doc(hidden)]
     pub fn inject_fault(&self, model: usize, fault: Fault) -> Result<(), EngineError> {
-        let compute =
-            self.shared.computes.get(model).ok_or_else(|| EngineError::InvalidRequest(format!("no model {model}")))?;
-        compute
-            .send(ComputeMsg::InjectFault(fault))
-            .map_err(|_| EngineError::ModelUnavailable(format!("model {model} is gone")))
+        self.shared.links.to_model(model, ComputeMsg::InjectFault(fault))
     }
 
     /// Test hook: the actor of request `id` panics on its next message.
     #[doc(hidden)]
     pub fn inject_request_fault(&self, id: RequestId) {
-        self.shared.registry.send_raw(id, RequestMsg::InjectPanic);
+        self.shared.links.registry.send_raw(id, RequestMsg::InjectPanic);
     }
 
     /// Stops admitting, ends in-flight requests with an error, stops every actor and
     /// compute thread.
     pub async fn shutdown(self) {
         self.shared.closing.store(true, Ordering::SeqCst);
-        self.shared.registry.for_each(|actor| {
+        self.shared.links.registry.for_each(|actor| {
             let _ = actor.send_message(RequestMsg::Abort(EngineError::ShuttingDown));
         });
         self.root.stop_children_and_wait(None, None).await;
         self.root.stop(None);
-        self.shared.to_every_model(|| ComputeMsg::Shutdown);
+        self.shared.links.to_every_model(|| ComputeMsg::Shutdown);
         let threads = std::mem::take(&mut *self.shared.threads.lock().unwrap_or_else(|p| p.into_inner()));
         // Joining blocks: do it off the async workers.
         let _ = tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join()))).await;
     }
+}
+
+/// Waits for a request's KV place, then launches it; gives up when the client leaves
+/// (dropping `launch` frees the place) or the request's deadline passes first.
+async fn launch_when_admitted(waiting: Ticket, launch: Launch, client: UnboundedSender<GenerationEvent>) {
+    let deadline = launch.deadline;
+    let submitted = launch.submitted;
+    let out_of_time = async {
+        match deadline {
+            Some(limit) => tokio::time::sleep_until((submitted + limit).into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    let failed = |e: EngineError| {
+        let _ = client.send(GenerationEvent::error(e, Usage::default()));
+    };
+    tokio::select! {
+        admitted = waiting.wait() => match admitted {
+            Ok(()) => {
+                if let Err(e) = launch.run().await {
+                    failed(e);
+                }
+            }
+            Err(e) => {
+                drop(launch);
+                failed(e);
+            }
+        },
+        () = client.closed() => {}
+        () = out_of_time => {
+            drop(launch);
+            failed(EngineError::DeadlineExceeded { limit: deadline.unwrap_or_default() });
+        }
+    }
+}
+
+/// Each model's compute thread (or remote link), started and loading.
+struct StartedModels {
+    computes: Vec<Sender<ComputeMsg>>,
+    ready: Vec<flume::Receiver<Result<Loaded, EngineError>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Every model's inbox, for handoffs: set once all have loaded.
+    peers: Arc<OnceLock<Vec<Sender<ComputeMsg>>>>,
+    shared_pages: Option<SharedPages>,
+}
+
+/// Starts a compute thread per local model and a link per remote one (each remote
+/// link's handshake awaited in turn); the models load on their own threads.
+async fn start_models(
+    config: &EngineConfig,
+    registry: &Registry,
+    mut front: Option<&mut remote::FrontCluster>,
+) -> Result<StartedModels, EngineError> {
+    let peers = Arc::new(OnceLock::new());
+    let turn = config.exclusive_compute.then(|| Arc::new(parking_lot::Mutex::new(())));
+    let mut models = config.models.clone();
+    let shared_pages = match config.admission.share_kv {
+        true => share_colocated_kv(&mut models, |m| front.as_ref().is_none_or(|f| f.remote_for(&m.name).is_none()))?,
+        false => None,
+    };
+    let mut started = StartedModels {
+        computes: Vec::new(),
+        ready: Vec::new(),
+        threads: Vec::new(),
+        peers: peers.clone(),
+        shared_pages,
+    };
+    for spec in &models {
+        let links = ComputeLinks {
+            name: spec.name.clone(),
+            model_names: config.models.iter().map(|m| m.name.clone()).collect(),
+            peers: peers.clone(),
+            registry: registry.clone(),
+            turn: turn.clone(),
+            supervision: config.supervision,
+        };
+        let (compute, ready, thread) = match front.as_deref_mut().filter(|f| f.remote_for(&spec.name).is_some()) {
+            Some(f) => remote::spawn_link(f.link_start(started.computes.len(), spec, links)?).await?,
+            None => compute::spawn(spec.clone(), links),
+        };
+        started.computes.push(compute);
+        started.ready.push(ready);
+        started.threads.push(thread);
+    }
+    Ok(started)
+}
+
+/// What every model reports once loaded (an error if one failed to load).
+async fn await_loaded(ready: &[flume::Receiver<Result<Loaded, EngineError>>]) -> Result<Vec<Loaded>, EngineError> {
+    let mut loaded = Vec::new();
+    for model in ready {
+        let model = model
+            .recv_async()
+            .await
+            .map_err(|_| EngineError::Internal("a compute thread died while loading".into()))??;
+        loaded.push(model);
+    }
+    Ok(loaded)
+}
+
+/// The engine-wide settings every subserver starts serving with.
+fn send_start(config: &EngineConfig, computes: &[Sender<ComputeMsg>], shared_vocab: usize, max_context: usize) {
+    for (m, tx) in computes.iter().enumerate() {
+        let mut sub = SubserverConfig::new(m, config.models.len(), shared_vocab, max_context);
+        sub.max_batch_rows = config.limits.max_batch_rows;
+        sub.prefill_chunk = config.limits.prefill_chunk;
+        sub.step_token_budget = config.limits.step_token_budget;
+        sub.drafting = config.limits.drafting.clone();
+        let _ = tx.send(ComputeMsg::Start(sub, config.batching.clone()));
+    }
+}
+
+/// The KV budget admission draws on: every model's capacity, pages shared between
+/// co-located models counted once.
+fn kv_admission(
+    config: &EngineConfig,
+    names: &[String],
+    loaded: &[Loaded],
+    shared_pages: Option<SharedPages>,
+) -> KvAdmission {
+    let capacities = loaded.iter().map(|l| l.capacity.total_tokens()).collect();
+    let mut ledger = KvLedger::new(names.to_vec(), capacities, &config.admission);
+    if let Some(pages) = shared_pages {
+        ledger = ledger.with_shared_pages(pages);
+    }
+    KvAdmission::new(ledger, config.admission.kv_wait_timeout)
+}
+
+/// Every id that ends a sequence on some model or in the tokenizer.
+fn eos_ids(configs: &[ModelConfig], tokenizer: Option<&TextTokenizer>) -> Vec<u32> {
+    let mut eos_ids: Vec<u32> = configs.iter().flat_map(|c| c.eos_token_ids.iter().copied()).collect();
+    eos_ids.extend(tokenizer.iter().flat_map(|t| t.eos_token_ids().iter().copied()));
+    eos_ids.sort_unstable();
+    eos_ids.dedup();
+    eos_ids
+}
+
+/// The re-planning actor, where the config asks for one; it plans at start when both
+/// models' start-up costs are known.
+async fn spawn_replanner(
+    config: &EngineConfig,
+    shared: &Arc<EngineShared>,
+    step_costs: Vec<Option<LatencyTable>>,
+    root: &ActorRef<()>,
+) -> Result<Option<(ActorRef<ReplanMsg>, PlannerStatusCell)>, EngineError> {
+    let Some(replan) = config.replan.clone() else { return Ok(None) };
+    let plan_at_start = (replan.plan_at_start && step_costs.len() == 2 && step_costs.iter().all(Option::is_some))
+        .then(|| expected_delegation(&*shared.default_policy).unwrap_or(DEFAULT_DELEGATION_PRIOR));
+    let mut replanner = Replanner::new(replan, config.batching.clone());
+    replanner.set_priors(step_costs);
+    let status = PlannerStatusCell::new(replanner.status());
+    let args = ReplanArgs { replanner, engine: Arc::downgrade(&shared.links), plan_at_start, status: status.clone() };
+    let actor = Actor::spawn_linked(None, ReplanActor, args, root.get_cell()).await.map_err(spawn_err)?.0;
+    Ok(Some((actor, status)))
+}
+
+fn spawn_err(e: ractor::SpawnErr) -> EngineError {
+    EngineError::Internal(e.to_string())
 }
 
 /// The tokenizer actor did not answer: it is being restarted, or overloaded (503).

@@ -15,10 +15,11 @@ use tokenrouter_core::sched::request::admit;
 use tokenrouter_core::sched::{RequestId, RequestSpec};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::engine::EngineShared;
 use crate::error::EngineError;
 use crate::events::GenerationEvent;
-use crate::request::{RequestActor, RequestArgs, RequestCore, RequestMsg, Reservation};
+use crate::handles::EngineLinks;
+use crate::messages::RequestMsg;
+use crate::request::{RequestActor, RequestArgs, RequestCore, Reservation};
 
 #[derive(Default)]
 struct LinkState {
@@ -66,14 +67,14 @@ impl StreamLink {
 /// the window in which the request's deadline can strike before it is sent anywhere.
 static LAUNCH_DELAY_US: AtomicU64 = AtomicU64::new(0);
 
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub fn set_launch_delay_for_tests(delay: Duration) {
     LAUNCH_DELAY_US.store(delay.as_micros() as u64, Ordering::Relaxed);
 }
 
 /// Everything needed to start a request once it holds its KV reservation.
 pub(crate) struct Launch {
-    pub shared: Arc<EngineShared>,
+    pub links: Arc<EngineLinks>,
     pub root: ActorRef<()>,
     pub core: RequestCore,
     pub spec: Arc<RequestSpec>,
@@ -86,10 +87,10 @@ pub(crate) struct Launch {
 impl Launch {
     /// Spawns the request actor, registers it, and sends the request to its entry model.
     pub async fn run(self) -> Result<(), EngineError> {
-        let Launch { shared, root, core, spec, reservation, submitted, deadline, link } = self;
+        let Launch { links, root, core, spec, reservation, submitted, deadline, link } = self;
         // The actor registers itself and takes the reservation before it handles any
         // message, so nothing (its deadline included) can release it unregistered.
-        let args = RequestArgs { core, shared: shared.clone(), reservation, submitted, deadline };
+        let args = RequestArgs { core, links: links.clone(), reservation, submitted, deadline };
         let (actor, _) = Actor::spawn_linked(None, RequestActor, args, root.get_cell())
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -97,8 +98,8 @@ impl Launch {
         if delay > 0 {
             tokio::time::sleep(Duration::from_micros(delay)).await;
         }
-        let (entry, arrival) = admit(spec, shared.model_count());
-        if let Err(e) = shared.deliver(entry, arrival) {
+        let (entry, arrival) = admit(spec, links.model_count());
+        if let Err(e) = links.deliver(entry, arrival) {
             let _ = actor.send_message(RequestMsg::Abort(e));
         }
         link.attach(actor);

@@ -9,10 +9,12 @@ pub mod engine;
 pub mod error;
 pub mod events;
 mod grammar;
+mod handles;
 pub mod health;
 pub mod kv_manager;
 mod kv_sharing;
 mod launch;
+mod messages;
 mod registry;
 pub mod remote;
 mod replan;
@@ -21,11 +23,16 @@ mod shadow_verifier;
 pub mod tls;
 pub mod tokenizer;
 
-pub use compute::{set_handoff_delay_for_tests, Fault, SubserverSnapshot};
+// Test hooks that widen race windows; only in builds with the `test-hooks` feature
+// (this crate's own tests turn it on).
+#[cfg(feature = "test-hooks")]
+pub use compute::set_handoff_delay_for_tests;
 pub use config::{AdmissionConfig, EngineConfig, ModelSpec, StepLimits, SupervisionConfig};
 pub use engine::{Engine, GenerationStream};
 pub use error::EngineError;
 pub use events::{GenerateRequest, GenerationEvent, Usage};
 pub use health::{ModelReadiness, Readiness};
+#[cfg(feature = "test-hooks")]
 pub use launch::set_launch_delay_for_tests;
+pub use messages::{Fault, SubserverSnapshot};
 pub use tokenrouter_core as core;

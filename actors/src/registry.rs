@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use ractor::ActorRef;
 use tokenrouter_core::sched::{RequestEvent, RequestId};
 
-use crate::request::RequestMsg;
+use crate::messages::RequestMsg;
 
 #[derive(Clone, Default)]
 pub(crate) struct Registry {

@@ -10,20 +10,9 @@ use std::sync::{Arc, Weak};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokenrouter_core::model::threads;
 use tokenrouter_core::sched::planner::{startup_plan, LatencyTable, PlannerStatus, Replanner, STARTUP_CONCURRENCIES};
-use tokenrouter_core::sched::BatchingRule;
 
-use crate::engine::EngineShared;
-
-pub enum ReplanMsg {
-    /// Plan the thresholds per N before anything was served, at this delegation rate.
-    PlanAtStart(f64),
-    Tick,
-    /// The thresholds were set by hand.
-    SetRule(BatchingRule),
-}
-
-// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
-impl ractor::Message for ReplanMsg {}
+use crate::handles::EngineLinks;
+use crate::messages::ReplanMsg;
 
 pub struct ReplanActor;
 
@@ -50,14 +39,14 @@ pub struct ReplanState {
     /// `None` while a search runs on a blocking thread.
     replanner: Option<Replanner>,
     status: PlannerStatusCell,
-    engine: Weak<EngineShared>,
+    engine: Weak<EngineLinks>,
     /// Ticks that queued while a slow search ran are dropped until then.
     next_look: std::time::Instant,
 }
 
 pub struct ReplanArgs {
     pub(crate) replanner: Replanner,
-    pub(crate) engine: Weak<EngineShared>,
+    pub(crate) engine: Weak<EngineLinks>,
     /// Plan at start at this delegation rate (two models with start-up costs).
     pub(crate) plan_at_start: Option<f64>,
     pub(crate) status: PlannerStatusCell,

@@ -14,22 +14,10 @@ use tokenrouter_core::sched::{rebuild, Arrival, FinishReason, RequestEvent, Requ
 use tokenrouter_core::tokenize::{StopMatcher, StopStep, StreamDecoder};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::engine::EngineShared;
 use crate::error::EngineError;
 use crate::events::{GenerationEvent, Usage};
-
-pub enum RequestMsg {
-    Event(RequestEvent),
-    /// The client went away.
-    Cancel,
-    /// The engine ends the request (shutting down, deadline).
-    Abort(EngineError),
-    /// Test hook: fail as a bug in this actor would.
-    InjectPanic,
-}
-
-// Local only: ractor's `cluster` feature drops the blanket impl (see remote/).
-impl ractor::Message for RequestMsg {}
+use crate::handles::EngineLinks;
+use crate::messages::RequestMsg;
 
 /// Tokens to text for the client: incremental detokenization that never splits a
 /// character, then stop strings matched across token boundaries.
@@ -210,14 +198,14 @@ impl RequestCore {
 
 /// A KV reservation not yet owned by a request actor: dropping it gives it back.
 pub(crate) struct Reservation {
-    shared: Arc<EngineShared>,
+    links: Arc<EngineLinks>,
     id: RequestId,
     armed: bool,
 }
 
 impl Reservation {
-    pub fn new(shared: Arc<EngineShared>, id: RequestId) -> Self {
-        Reservation { shared, id, armed: true }
+    pub fn new(links: Arc<EngineLinks>, id: RequestId) -> Self {
+        Reservation { links, id, armed: true }
     }
 
     /// The request actor owns it now (it releases the request when it ends).
@@ -229,7 +217,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.kv_release(self.id);
+            self.links.kv_release(self.id);
         }
     }
 }
@@ -238,7 +226,7 @@ pub(crate) struct RequestActor;
 
 pub(crate) struct RequestArgs {
     pub core: RequestCore,
-    pub shared: Arc<EngineShared>,
+    pub links: Arc<EngineLinks>,
     /// The request's KV; the actor owns it from its start.
     pub reservation: Reservation,
     pub submitted: Instant,
@@ -249,7 +237,7 @@ pub(crate) struct RequestArgs {
 pub(crate) struct RequestState {
     core: RequestCore,
     submitted: Instant,
-    shared: Arc<EngineShared>,
+    links: Arc<EngineLinks>,
 }
 
 impl Actor for RequestActor {
@@ -259,13 +247,13 @@ impl Actor for RequestActor {
 
     async fn pre_start(&self, me: ActorRef<RequestMsg>, args: RequestArgs) -> Result<RequestState, ActorProcessingErr> {
         // Registered before any message is handled: every release finds it registered.
-        args.shared.admitted(args.core.spec.id, me.clone());
+        args.links.admitted(args.core.spec.id, me.clone());
         args.reservation.hand_over();
         if let Some(limit) = args.deadline {
             let left = limit.saturating_sub(args.submitted.elapsed());
             me.send_after(left, move || RequestMsg::Abort(EngineError::DeadlineExceeded { limit }));
         }
-        Ok(RequestState { core: args.core, submitted: args.submitted, shared: args.shared })
+        Ok(RequestState { core: args.core, submitted: args.submitted, links: args.links })
     }
 
     async fn handle(
@@ -282,19 +270,19 @@ impl Actor for RequestActor {
             RequestMsg::InjectPanic => panic!("injected request-actor fault"),
         };
         if first_token {
-            s.shared.record_ttft(s.submitted.elapsed().as_secs_f64());
+            s.links.record_ttft(s.submitted.elapsed().as_secs_f64());
         }
         if let Next::Resume { model, arrival } = next {
-            metrics::counter!("tokenrouter_requests_resumed_total", "model" => s.shared.model_name(model).to_string())
+            metrics::counter!("tokenrouter_requests_resumed_total", "model" => s.links.model_name(model).to_string())
                 .increment(1);
-            next = match s.shared.deliver(model, arrival) {
+            next = match s.links.deliver(model, arrival) {
                 Ok(()) => Next::Continue,
                 Err(error) => s.core.fail(error),
             };
         }
         if let Next::End = next {
             record_usage(s);
-            s.shared.release(s.core.spec.id);
+            s.links.release(s.core.spec.id);
             me.stop(None);
         }
         Ok(())
@@ -304,7 +292,7 @@ impl Actor for RequestActor {
 fn record_usage(s: &RequestState) {
     metrics::histogram!("tokenrouter_request_latency_seconds").record(s.submitted.elapsed().as_secs_f64());
     for (model, &n) in s.core.usage.tokens_per_model.iter().enumerate() {
-        let name = s.shared.model_name(model).to_string();
+        let name = s.links.model_name(model).to_string();
         metrics::histogram!("tokenrouter_request_tokens", "model" => name).record(n as f64);
     }
     metrics::histogram!("tokenrouter_request_switches").record(s.core.usage.switches as f64);

@@ -1,3 +1,6 @@
+//! The request logic ([`RequestCore`]) driven directly, without an actor: events in order,
+//! endings exactly once, resumes from committed tokens.
+
 use std::sync::Arc;
 
 use tokenrouter_core::model::sampler::SamplingParams;

@@ -19,8 +19,9 @@ use super::messages::{LinkMsg, NodeMsg};
 use super::stats::{record_frame, snapshot_from_json, Direction};
 use super::wire::{Frame, Hello, RuleWire, StartWire, Welcome};
 use super::{ClusterConfig, NodeStatus, RemoteModel};
-use crate::compute::{ComputeLinks, ComputeMsg, Loaded, SubserverSnapshot, INBOX_CAPACITY};
 use crate::error::EngineError;
+use crate::handles::ComputeLinks;
+use crate::messages::{ComputeMsg, Loaded, SubserverSnapshot, INBOX_CAPACITY};
 
 /// Ask the node for a stats snapshot every this many heartbeats.
 const STATS_EVERY_TICKS: u64 = 5;

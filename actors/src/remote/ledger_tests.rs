@@ -1,3 +1,5 @@
+//! The front's ledger of remote requests and the node's book, driven directly.
+
 use super::*;
 use crate::remote::node_book::NodeBook;
 use tokenrouter_core::model::sampler::SamplingParams;

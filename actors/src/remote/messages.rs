@@ -5,7 +5,7 @@
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use tokenrouter_core::sched::{Arrival, RequestEvent};
 
-use crate::compute::ComputeMsg;
+use crate::messages::ComputeMsg;
 
 /// The front's link to one remote model.
 pub(crate) enum LinkMsg {

@@ -187,7 +187,7 @@ impl FrontCluster {
         &mut self,
         index: usize,
         spec: &ModelSpec,
-        links: crate::compute::ComputeLinks,
+        links: crate::handles::ComputeLinks,
     ) -> Result<LinkStart, EngineError> {
         let remote =
             self.remote_for(&spec.name).cloned().ok_or_else(|| EngineError::Internal("not a remote model".into()))?;

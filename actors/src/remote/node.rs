@@ -21,9 +21,11 @@ use super::cluster::{self, ClusterServer, NODE_GROUP};
 use super::messages::{LinkMsg, NodeMsg};
 use super::node_book::NodeBook;
 use super::wire::{Frame, Hello, Welcome};
-use crate::compute::{self, ComputeLinks, ComputeMsg, Fault, Loaded};
+use crate::compute;
 use crate::config::{ModelSpec, SupervisionConfig};
 use crate::error::EngineError;
+use crate::handles::ComputeLinks;
+use crate::messages::{ComputeMsg, Fault, Loaded};
 use crate::registry::Registry;
 
 /// How long a greeting waits for the front's link to show in the process groups.

@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokenrouter_core::model::KvCapacity;
 
 use super::NodeStatus;
-use crate::compute::SubserverSnapshot;
+use crate::messages::SubserverSnapshot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Direction {

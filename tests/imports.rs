@@ -1,8 +1,9 @@
-//! The model runtime's files import each other in one direction: the `Backend` trait
-//! is a leaf every backend imports, choosing and loading a backend sits above the
-//! backends, and no file of core/src/model reaches back to one that imports it.
-//! Read from the `use` lines (and paths in code) of the sources, comments and unit
-//! tests aside: a module is a top-level file or folder of core/src/model.
+//! The files of the model runtime (core/src/model) and of the actors (actors/src) import
+//! each other in one direction. In the runtime the `Backend` trait is a leaf every
+//! backend imports and choosing and loading a backend sits above the backends; in the
+//! actors the messages and the handles a request uses import no actor. Read from the
+//! `use` lines (and paths in code) of the sources, comments and unit tests aside: a
+//! module is a top-level file or folder of the tree.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -37,12 +38,12 @@ fn code(text: &str) -> String {
 }
 
 /// The top-level modules a file names through `super::…` (resolved from its own place)
-/// or `crate::model::…`.
-fn references(module: &[String], text: &str, tops: &BTreeSet<String>) -> BTreeSet<String> {
+/// or `prefix…` (the tree's path from its crate root, such as `crate::model::`).
+fn references(module: &[String], text: &str, tops: &BTreeSet<String>, prefix: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
-    for (at, _) in text.match_indices("crate::model::") {
-        found.insert(ident(&text[at + "crate::model::".len()..]));
+    for (at, _) in text.match_indices(prefix) {
+        found.insert(ident(&text[at + prefix.len()..]));
     }
     for (at, _) in text.match_indices("super::") {
         let before = text[..at].chars().last();
@@ -89,20 +90,22 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> 
     groups
 }
 
-fn model_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model");
+/// Which top-level modules of the tree at `folder` (from the workspace root) each one
+/// imports; `prefix` is the tree's path from its crate root.
+fn import_graph(folder: &str, prefix: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
     let files = sources(&root);
     let tops: BTreeSet<String> = files.keys().filter_map(|m| m.first().cloned()).collect();
     let mut edges: BTreeMap<String, BTreeSet<String>> = tops.iter().map(|t| (t.clone(), BTreeSet::new())).collect();
     for (module, text) in files.iter().filter(|(m, _)| !m.is_empty()) {
-        edges.get_mut(&module[0]).unwrap().extend(references(module, &code(text), &tops));
+        edges.get_mut(&module[0]).unwrap().extend(references(module, &code(text), &tops, prefix));
     }
     edges
 }
 
 #[test]
 fn the_model_runtime_has_no_import_circle_and_the_backend_trait_is_a_leaf() {
-    let edges = model_graph();
+    let edges = import_graph("core/src/model", "crate::model::");
     assert!(edges.len() > 30, "the sources were read: {:?}", edges.keys());
     assert_eq!(circles(&edges), Vec::<BTreeSet<String>>::new(), "modules that import each other in a circle");
     let backends = ["candle_backend", "llamacpp", "cuda", "load", "quantized", "warmup", "gguf_import", "transformer"];
@@ -110,6 +113,23 @@ fn the_model_runtime_has_no_import_circle_and_the_backend_trait_is_a_leaf() {
     assert!(backends.iter().all(|b| !trait_imports.contains(*b)), "backend.rs imports {trait_imports:?}");
     // The loader is what picks among them.
     assert!(edges["load"].contains("candle_backend") && edges["load"].contains("cuda"), "{:?}", edges["load"]);
+}
+
+#[test]
+fn the_actors_have_no_import_circle_and_what_requests_use_imports_no_actor() {
+    let edges = import_graph("actors/src", "crate::");
+    assert!(edges.len() > 15, "the sources were read: {:?}", edges.keys());
+    assert_eq!(circles(&edges), Vec::<BTreeSet<String>>::new(), "modules that import each other in a circle");
+    let actors = ["engine", "compute", "request", "launch", "replan", "registry", "tokenizer", "remote"];
+    for leaf in ["messages", "handles"] {
+        let imports = &edges[leaf];
+        let reached: Vec<&&str> = actors.iter().filter(|a| imports.contains(**a) && **a != "registry").collect();
+        assert!(reached.is_empty(), "{leaf}.rs imports the actor modules {reached:?}");
+    }
+    // A request's actor, its launcher and the re-planner reach the engine only through its handles.
+    for user in ["request", "launch", "replan"] {
+        assert!(!edges[user].contains("engine") && edges[user].contains("handles"), "{user}: {:?}", edges[user]);
+    }
 }
 
 #[test]
@@ -129,6 +149,6 @@ fn the_circle_finder_finds_circles() {
     // `super::` from a folder's file names a sibling inside the folder, not a top module.
     let tops: BTreeSet<String> = ["cuda", "backend", "kv"].iter().map(|s| s.to_string()).collect();
     let inner = vec!["cuda".to_string(), "check".to_string()];
-    let refs = references(&inner, "use super::backend::X;\nuse super::super::kv::Y;", &tops);
+    let refs = references(&inner, "use super::backend::X;\nuse super::super::kv::Y;", &tops, "crate::model::");
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), vec!["kv".to_string()]);
 }

@@ -1,0 +1,163 @@
+//! The handles through which the engine's parts reach the models, in a module that
+//! imports no actor: [`EngineLinks`] is all a request's actor, its launcher and the
+//! re-planner may touch (each model's inbox, the registry of request actors, the KV
+//! budget, the active count, the model names); [`ComputeLinks`] is what a compute thread
+//! holds of the rest. The engine builds both; nobody else needs the engine to use them.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use flume::Sender;
+use ractor::ActorRef;
+use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId};
+
+use crate::config::SupervisionConfig;
+use crate::error::EngineError;
+use crate::kv_manager::KvAdmission;
+use crate::messages::{ComputeMsg, RequestMsg, SubserverSnapshot};
+use crate::registry::Registry;
+
+/// How long a stats call may take before the caller gives up on a model.
+pub(crate) const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most first-token times kept between two reads of [`EngineLinks::take_recent_ttfts`].
+const RECENT_TTFTS: usize = 4096;
+
+/// What requests and the engine's helpers share: the models' inboxes and the books
+/// about requests in flight.
+pub(crate) struct EngineLinks {
+    names: Vec<String>,
+    /// Each model's one ordered inbox (a compute thread, or a remote model's link).
+    computes: Vec<Sender<ComputeMsg>>,
+    pub kv: KvAdmission,
+    pub registry: Registry,
+    /// Active request count; changes are broadcast under this lock so every
+    /// subserver sees them in order (a stale high N could deadlock thresholds).
+    active: Mutex<usize>,
+    /// Times to first token since the last read, in seconds (at most `RECENT_TTFTS`;
+    /// a reader that never comes keeps only the first ones).
+    recent_ttfts: parking_lot::Mutex<Vec<f32>>,
+}
+
+impl EngineLinks {
+    pub fn new(names: Vec<String>, computes: Vec<Sender<ComputeMsg>>, kv: KvAdmission, registry: Registry) -> Self {
+        EngineLinks {
+            names,
+            computes,
+            kv,
+            registry,
+            active: Mutex::new(0),
+            recent_ttfts: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn record_ttft(&self, seconds: f64) {
+        metrics::histogram!("tokenrouter_request_ttft_seconds").record(seconds);
+        let mut recent = self.recent_ttfts.lock();
+        if recent.len() < RECENT_TTFTS {
+            recent.push(seconds as f32);
+        }
+    }
+
+    pub fn take_recent_ttfts(&self) -> Vec<f32> {
+        std::mem::take(&mut *self.recent_ttfts.lock())
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn model_count(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn model_name(&self, index: usize) -> &str {
+        &self.names[index]
+    }
+
+    pub fn active_count(&self) -> usize {
+        *self.active.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Per-model snapshots from the subservers that answer in time.
+    pub async fn snapshots(&self) -> Vec<SubserverSnapshot> {
+        let mut asked = Vec::new();
+        for compute in &self.computes {
+            let (tx, rx) = flume::bounded(1);
+            if compute.try_send(ComputeMsg::Stats(tx)).is_ok() {
+                asked.push(rx);
+            }
+        }
+        let mut out = Vec::new();
+        for rx in asked {
+            if let Ok(Ok(snapshot)) = tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await {
+                out.push(snapshot);
+            }
+        }
+        out
+    }
+
+    pub fn broadcast_rule(&self, rule: BatchingRule) {
+        self.to_every_model(|| ComputeMsg::SetRule(rule.clone()));
+    }
+
+    fn change_active(&self, delta: isize) {
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        *active = active.saturating_add_signed(delta);
+        self.to_every_model(|| ComputeMsg::SetActive(*active));
+        metrics::gauge!("tokenrouter_active_requests").set(*active as f64);
+    }
+
+    /// Sends to every model's inbox. The inboxes are far larger than the messages a
+    /// bounded number of requests can have in flight, so this does not block.
+    pub fn to_every_model(&self, msg: impl Fn() -> ComputeMsg) {
+        for compute in &self.computes {
+            let _ = compute.send(msg());
+        }
+    }
+
+    /// Sends to one model's inbox (an error if there is no such model or it is gone).
+    pub fn to_model(&self, model: usize, msg: ComputeMsg) -> Result<(), EngineError> {
+        let compute =
+            self.computes.get(model).ok_or_else(|| EngineError::InvalidRequest(format!("no model {model}")))?;
+        compute.send(msg).map_err(|_| EngineError::ModelUnavailable(format!("model {} is gone", self.names[model])))
+    }
+
+    /// Hands a request to a model (its entry, or a model that lost it).
+    pub fn deliver(&self, model: usize, arrival: Arrival) -> Result<(), EngineError> {
+        self.to_model(model, ComputeMsg::Arrive(arrival))
+    }
+
+    /// The request holds its reservation and has an actor: it counts as active, and
+    /// compute threads accept arrivals for it from now on.
+    pub fn admitted(&self, id: RequestId, actor: ActorRef<RequestMsg>) {
+        self.registry.insert(id, actor);
+        self.change_active(1);
+    }
+
+    pub fn kv_release(&self, id: RequestId) {
+        self.kv.release(id);
+    }
+
+    /// The request ended: free it on every model and in the KV budget. It leaves the
+    /// registry first, so an arrival still on its way is refused where it lands.
+    pub fn release(&self, id: RequestId) {
+        self.registry.remove(id);
+        self.to_every_model(|| ComputeMsg::Release(id));
+        self.kv.release(id);
+        self.change_active(-1);
+    }
+}
+
+/// What a compute thread holds of the rest of the engine: its peers' inboxes (for
+/// handoffs), the registry (for events), and the turn on shared cores.
+pub(crate) struct ComputeLinks {
+    pub name: String,
+    /// Every model's name, by index (for per-peer metrics).
+    pub model_names: Vec<String>,
+    pub peers: Arc<OnceLock<Vec<Sender<ComputeMsg>>>>,
+    pub registry: Registry,
+    /// Held for the duration of a step when models take turns on shared cores.
+    pub turn: Option<Arc<parking_lot::Mutex<()>>>,
+    pub supervision: SupervisionConfig,
+}
