@@ -81,139 +81,220 @@ pub fn check_vocabulary(meta: &HashMap<String, Value>) -> std::result::Result<Pr
 /// Rebuilds the tokenizer from the GGUF metadata.
 pub fn build_tokenizer(meta: &HashMap<String, Value>) -> std::result::Result<ImportedTokenizer, String> {
     let pre = check_vocabulary(meta)?;
-    let tokens: Vec<String> = array(meta, "tokenizer.ggml.tokens")?
-        .iter()
-        .map(|v| v.to_string().cloned().map_err(|e| format!("tokenizer.ggml.tokens: {e}")))
-        .collect::<std::result::Result<_, _>>()?;
-    let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type") {
-        Some(_) => array(meta, "tokenizer.ggml.token_type")?
-            .iter()
-            .map(|v| v.to_i32().map_err(|e| format!("tokenizer.ggml.token_type: {e}")))
-            .collect::<std::result::Result<_, _>>()?,
-        None => vec![NORMAL; tokens.len()],
-    };
-    if types.len() != tokens.len() {
-        return Err(format!("{} token types for {} tokens", types.len(), tokens.len()));
+    let vocabulary = Vocabulary::read(meta)?;
+    let merges = read_merges(meta)?;
+    let mut tokenizer = Tokenizer::new(vocabulary.bpe_model(merges)?);
+    tokenizer.with_pre_tokenizer(Some(pre.pre_tokenizer()));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    tokenizer.add_tokens(vocabulary.added_tokens()).map_err(|e| format!("cannot add the special tokens: {e}"))?;
+    let specials = SpecialTokenIds::read(meta, &vocabulary)?;
+    if specials.add_bos {
+        tokenizer.with_post_processor(Some(specials.bos_template(&vocabulary)?));
     }
-    let merges = array(meta, "tokenizer.ggml.merges")?
+    let config = tokenizer_config(meta, &vocabulary, &specials)?;
+    Ok(ImportedTokenizer { tokenizer, config, eos_ids: specials.eos_ids(), pre })
+}
+
+/// The GGUF's tokens, indexed by id, with llama.cpp's type for each.
+struct Vocabulary {
+    tokens: Vec<String>,
+    types: Vec<i32>,
+}
+
+impl Vocabulary {
+    fn read(meta: &HashMap<String, Value>) -> std::result::Result<Vocabulary, String> {
+        let tokens: Vec<String> = array(meta, "tokenizer.ggml.tokens")?
+            .iter()
+            .map(|v| v.to_string().cloned().map_err(|e| format!("tokenizer.ggml.tokens: {e}")))
+            .collect::<std::result::Result<_, _>>()?;
+        let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type") {
+            Some(_) => array(meta, "tokenizer.ggml.token_type")?
+                .iter()
+                .map(|v| v.to_i32().map_err(|e| format!("tokenizer.ggml.token_type: {e}")))
+                .collect::<std::result::Result<_, _>>()?,
+            None => vec![NORMAL; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            return Err(format!("{} token types for {} tokens", types.len(), tokens.len()));
+        }
+        Ok(Vocabulary { tokens, types })
+    }
+
+    /// The BPE model over these tokens; refuses duplicate tokens and token types a GPT-2
+    /// vocabulary does not have.
+    fn bpe_model(&self, merges: Vec<(String, String)>) -> std::result::Result<BPE, String> {
+        let ids = self.ids_by_token()?;
+        if let Some(&t) = self.types.iter().find(|&&t| !matches!(t, NORMAL | UNKNOWN | CONTROL | USER_DEFINED | UNUSED))
+        {
+            return Err(format!(
+                "token type {t} is not one of a GPT-2 BPE vocabulary (byte tokens are SentencePiece's)"
+            ));
+        }
+        BPE::builder().vocab_and_merges(ids, merges).build().map_err(|e| format!("cannot build the BPE model: {e}"))
+    }
+
+    fn ids_by_token(&self) -> std::result::Result<Vocab, String> {
+        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(self.tokens.len());
+        for (id, token) in self.tokens.iter().enumerate() {
+            if vocab.insert(token.clone(), id as u32).is_some() {
+                return Err(format!("token {token:?} appears twice in tokenizer.ggml.tokens"));
+            }
+        }
+        Ok(vocab.into_iter().collect())
+    }
+
+    /// Control tokens are HF's special added tokens; user-defined ones are added tokens
+    /// matched in raw text, as llama.cpp matches them.
+    fn added_tokens(&self) -> Vec<AddedToken> {
+        self.added().map(|(_, token, special)| AddedToken::from(token.clone(), special).normalized(false)).collect()
+    }
+
+    /// The added tokens (control and user-defined): id, token, and whether it is special.
+    fn added(&self) -> impl Iterator<Item = (usize, &String, bool)> {
+        self.tokens
+            .iter()
+            .zip(&self.types)
+            .enumerate()
+            .filter(|(_, (_, &t))| t == CONTROL || t == USER_DEFINED)
+            .map(|(id, (token, &t))| (id, token, t == CONTROL))
+    }
+
+    fn token(&self, id: u32) -> &String {
+        &self.tokens[id as usize]
+    }
+}
+
+fn read_merges(meta: &HashMap<String, Value>) -> std::result::Result<Vec<(String, String)>, String> {
+    array(meta, "tokenizer.ggml.merges")?
         .iter()
         .map(|v| {
             let merge = v.to_string().map_err(|e| format!("tokenizer.ggml.merges: {e}"))?;
             let (a, b) = merge.split_once(' ').ok_or_else(|| format!("merge {merge:?} is not two tokens"))?;
             Ok((a.to_string(), b.to_string()))
         })
-        .collect::<std::result::Result<Vec<_>, String>>()?;
+        .collect()
+}
 
-    let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
-    for (id, token) in tokens.iter().enumerate() {
-        if vocab.insert(token.clone(), id as u32).is_some() {
-            return Err(format!("token {token:?} appears twice in tokenizer.ggml.tokens"));
-        }
+/// The special tokens the metadata names, each checked to be in the vocabulary.
+struct SpecialTokenIds {
+    bos: Option<u32>,
+    eos: Option<u32>,
+    /// End of turn and end of message: they end generation as `eos` does.
+    eot: Option<u32>,
+    eom: Option<u32>,
+    unk: Option<u32>,
+    pad: Option<u32>,
+    add_bos: bool,
+}
+
+impl SpecialTokenIds {
+    fn read(meta: &HashMap<String, Value>, vocabulary: &Vocabulary) -> std::result::Result<SpecialTokenIds, String> {
+        let id = |key: &str| token_id(meta, key, vocabulary.tokens.len());
+        Ok(SpecialTokenIds {
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            eom: id("tokenizer.ggml.eom_token_id")?,
+            unk: id("tokenizer.ggml.unknown_token_id")?,
+            pad: id("tokenizer.ggml.padding_token_id")?,
+            add_bos: match meta.get("tokenizer.ggml.add_bos_token") {
+                Some(v) => v.to_bool().map_err(|e| format!("tokenizer.ggml.add_bos_token: {e}"))?,
+                None => false,
+            },
+        })
     }
-    if let Some(&t) = types.iter().find(|&&t| !matches!(t, NORMAL | UNKNOWN | CONTROL | USER_DEFINED | UNUSED)) {
-        return Err(format!("token type {t} is not one of a GPT-2 BPE vocabulary (byte tokens are SentencePiece's)"));
-    }
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), merges)
-        .build()
-        .map_err(|e| format!("cannot build the BPE model: {e}"))?;
-    let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre.pre_tokenizer()));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
 
-    // Control tokens are HF's special added tokens; user-defined ones are added tokens
-    // matched in raw text, as llama.cpp matches them.
-    let added: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .filter(|(_, &t)| t == CONTROL || t == USER_DEFINED)
-        .map(|(token, &t)| AddedToken::from(token.clone(), t == CONTROL).normalized(false))
-        .collect();
-    tokenizer.add_tokens(added).map_err(|e| format!("cannot add the special tokens: {e}"))?;
-
-    let id = |key: &str| -> std::result::Result<Option<u32>, String> {
-        match meta.get(key) {
-            None => Ok(None),
-            Some(v) => {
-                let id = v.to_u32().map_err(|e| format!("{key}: {e}"))?;
-                if id as usize >= tokens.len() {
-                    return Err(format!("{key} = {id} is outside the vocabulary ({} tokens)", tokens.len()));
-                }
-                Ok(Some(id))
-            }
-        }
-    };
-    let name = |id: Option<u32>| id.map(|i| tokens[i as usize].clone());
-    let bos = id("tokenizer.ggml.bos_token_id")?;
-    let eos = id("tokenizer.ggml.eos_token_id")?;
-    let eot = id("tokenizer.ggml.eot_token_id")?;
-    let eom = id("tokenizer.ggml.eom_token_id")?;
-    let unk = id("tokenizer.ggml.unknown_token_id")?;
-    let pad = id("tokenizer.ggml.padding_token_id")?;
-    let add_bos = match meta.get("tokenizer.ggml.add_bos_token") {
-        Some(v) => v.to_bool().map_err(|e| format!("tokenizer.ggml.add_bos_token: {e}"))?,
-        None => false,
-    };
-    if add_bos {
-        let bos_id = bos.ok_or("tokenizer.ggml.add_bos_token is set without tokenizer.ggml.bos_token_id")?;
-        let bos_token = tokens[bos_id as usize].clone();
-        let template = TemplateProcessing::builder()
+    /// The post-processor that puts BOS before each sequence.
+    fn bos_template(&self, vocabulary: &Vocabulary) -> std::result::Result<TemplateProcessing, String> {
+        let bos_id = self.bos.ok_or("tokenizer.ggml.add_bos_token is set without tokenizer.ggml.bos_token_id")?;
+        let bos_token = vocabulary.token(bos_id).clone();
+        TemplateProcessing::builder()
             .try_single(format!("{bos_token}:0 $A:0"))
             .and_then(|b| b.try_pair(format!("{bos_token}:0 $A:0 {bos_token}:1 $B:1")))
             .map_err(|e| format!("BOS template: {e}"))?
             .special_tokens(vec![(bos_token, bos_id)])
             .build()
-            .map_err(|e| format!("BOS template: {e}"))?;
-        tokenizer.with_post_processor(Some(template));
+            .map_err(|e| format!("BOS template: {e}"))
     }
 
-    let mut eos_ids: Vec<u32> = Vec::new();
-    for id in [eos, eot, eom].into_iter().flatten() {
-        if !eos_ids.contains(&id) {
-            eos_ids.push(id);
+    /// `eos`, `eot` and `eom`, each once, in that order.
+    fn eos_ids(&self) -> Vec<u32> {
+        let mut eos_ids: Vec<u32> = Vec::new();
+        for id in [self.eos, self.eot, self.eom].into_iter().flatten() {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
         }
+        eos_ids
     }
-    let added_tokens_decoder: serde_json::Map<String, serde_json::Value> = types
-        .iter()
-        .enumerate()
-        .filter(|(_, &t)| t == CONTROL || t == USER_DEFINED)
-        .map(|(i, &t)| {
-            let entry = serde_json::json!({
-                "content": tokens[i],
-                "lstrip": false,
-                "normalized": false,
-                "rstrip": false,
-                "single_word": false,
-                "special": t == CONTROL,
-            });
-            (i.to_string(), entry)
-        })
-        .collect();
+}
+
+/// The id under `key`, if present; an id outside the vocabulary is an error.
+fn token_id(
+    meta: &HashMap<String, Value>,
+    key: &str,
+    vocabulary_len: usize,
+) -> std::result::Result<Option<u32>, String> {
+    let Some(value) = meta.get(key) else { return Ok(None) };
+    let id = value.to_u32().map_err(|e| format!("{key}: {e}"))?;
+    if id as usize >= vocabulary_len {
+        return Err(format!("{key} = {id} is outside the vocabulary ({vocabulary_len} tokens)"));
+    }
+    Ok(Some(id))
+}
+
+/// The `tokenizer_config.json` transformers reads beside `tokenizer.json`.
+fn tokenizer_config(
+    meta: &HashMap<String, Value>,
+    vocabulary: &Vocabulary,
+    specials: &SpecialTokenIds,
+) -> std::result::Result<serde_json::Value, String> {
     let mut config = serde_json::json!({
         "tokenizer_class": "GPT2Tokenizer",
-        "add_bos_token": add_bos,
+        "add_bos_token": specials.add_bos,
         "add_eos_token": false,
         "add_prefix_space": false,
         "clean_up_tokenization_spaces": false,
         "model_max_length": 1_000_000_000_000_000_000u64,
-        "added_tokens_decoder": added_tokens_decoder,
-        "additional_special_tokens": types
-            .iter()
-            .enumerate()
-            .filter(|(_, &t)| t == CONTROL)
-            .map(|(i, _)| tokens[i].clone())
+        "added_tokens_decoder": added_tokens_decoder(vocabulary),
+        "additional_special_tokens": vocabulary
+            .added()
+            .filter(|&(_, _, special)| special)
+            .map(|(_, token, _)| token.clone())
             .collect::<Vec<_>>(),
     });
-    for (key, value) in
-        [("bos_token", name(bos)), ("eos_token", name(eos)), ("unk_token", name(unk)), ("pad_token", name(pad))]
-    {
+    let name = |id: Option<u32>| id.map(|id| vocabulary.token(id).clone());
+    for (key, value) in [
+        ("bos_token", name(specials.bos)),
+        ("eos_token", name(specials.eos)),
+        ("unk_token", name(specials.unk)),
+        ("pad_token", name(specials.pad)),
+    ] {
         config[key] = value.map_or(serde_json::Value::Null, serde_json::Value::String);
     }
     if let Some(template) = meta.get("tokenizer.chat_template") {
         let template = template.to_string().map_err(|e| format!("tokenizer.chat_template: {e}"))?;
         config["chat_template"] = template.clone().into();
     }
-    Ok(ImportedTokenizer { tokenizer, config, eos_ids, pre })
+    Ok(config)
+}
+
+/// `added_tokens_decoder`: each added token by id, as transformers writes it.
+fn added_tokens_decoder(vocabulary: &Vocabulary) -> serde_json::Map<String, serde_json::Value> {
+    vocabulary
+        .added()
+        .map(|(id, token, special)| {
+            let entry = serde_json::json!({
+                "content": token,
+                "lstrip": false,
+                "normalized": false,
+                "rstrip": false,
+                "single_word": false,
+                "special": special,
+            });
+            (id.to_string(), entry)
+        })
+        .collect()
 }
 
 fn string(meta: &HashMap<String, Value>, key: &str) -> std::result::Result<String, String> {

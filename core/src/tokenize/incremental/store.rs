@@ -2,9 +2,15 @@
 //! longest common prefix with recently seen texts. Bounded by bytes; the least recently used
 //! session goes first. A session is taken out while a request works on it and put back after,
 //! so the caller mutates it without holding a borrow of the store.
+//!
+//! An unbounded [`LruCache`] keeps the sessions and their recency order; the store adds what it
+//! cannot: the byte bound (evicting with `pop_lru` while over it) and the fingerprint index
+//! that narrows an anonymous lookup to texts sharing the first bytes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault};
+
+use lru::LruCache;
 
 use super::session::{common_prefix_len, Session};
 
@@ -17,14 +23,14 @@ pub const FINGERPRINT_BYTES: usize = 256;
 /// so the original conversation keeps its session.
 const TAIL_EDIT_BYTES: usize = 4096;
 
-type SlotId = u64;
-
-struct Entry {
-    session: Session,
-    name: Option<String>,
-    fingerprint: Option<u64>,
-    last_used: u64,
-    bytes: usize,
+/// How a stored session is found again.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum SessionKey {
+    /// By the id the client sent.
+    Named(String),
+    /// By prefix: `slot` tells apart sessions with the same `fingerprint`, under which the
+    /// fingerprint index lists it.
+    Anonymous { slot: u64, fingerprint: u64 },
 }
 
 /// What an anonymous lookup found.
@@ -38,13 +44,11 @@ pub struct PrefixMatch {
 
 /// Sessions under a byte limit.
 pub struct SessionStore {
-    entries: HashMap<SlotId, Entry>,
-    named: HashMap<String, SlotId>,
-    by_fingerprint: HashMap<u64, Vec<SlotId>>,
-    /// last-used tick → slot; the first entry is evicted first.
-    lru: BTreeMap<u64, SlotId>,
-    next_slot: SlotId,
-    tick: u64,
+    /// Least recently used first; unbounded in count, since the limit is on bytes.
+    sessions: LruCache<SessionKey, Session>,
+    /// Anonymous sessions' keys by fingerprint, in the order they were stored.
+    by_fingerprint: HashMap<u64, Vec<SessionKey>>,
+    next_slot: u64,
     bytes: usize,
     max_bytes: usize,
 }
@@ -52,23 +56,20 @@ pub struct SessionStore {
 impl SessionStore {
     pub fn new(max_bytes: usize) -> Self {
         SessionStore {
-            entries: HashMap::new(),
-            named: HashMap::new(),
+            sessions: LruCache::unbounded(),
             by_fingerprint: HashMap::new(),
-            lru: BTreeMap::new(),
             next_slot: 0,
-            tick: 0,
             bytes: 0,
             max_bytes,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.sessions.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.sessions.is_empty()
     }
 
     /// Bytes held by stored sessions.
@@ -78,96 +79,92 @@ impl SessionStore {
 
     /// Takes out the session named `name`.
     pub fn take_named(&mut self, name: &str) -> Option<Session> {
-        let slot = *self.named.get(name)?;
-        Some(self.remove(slot).session)
+        self.remove(&SessionKey::Named(name.to_owned()))
     }
 
     /// The anonymous session sharing the longest prefix with `text`, if at least `min_prefix`
     /// bytes: taken out when `text` continues it near its end, copied otherwise.
     pub fn take_longest_prefix(&mut self, text: &str, min_prefix: usize) -> Option<PrefixMatch> {
-        let fingerprint = fingerprint(text)?;
-        let candidates = self.by_fingerprint.get(&fingerprint)?;
-        let (slot, common_prefix) = candidates
-            .iter()
-            .map(|&slot| (slot, common_prefix_len(self.entries[&slot].session.text(), text)))
-            .max_by_key(|&(_, common)| common)?;
+        let (key, common_prefix) = self.longest_prefix_candidate(text)?;
         if common_prefix < min_prefix.max(FINGERPRINT_BYTES) {
             return None;
         }
-        let cached_len = self.entries[&slot].session.text().len();
-        if cached_len - common_prefix > TAIL_EDIT_BYTES {
-            let entry = self.entries.get_mut(&slot).expect("candidates are stored");
-            let session = entry.session.clone();
-            self.touch(slot);
-            return Some(PrefixMatch { session, common_prefix, forked: true });
+        let cached = self.sessions.get(&key).expect("indexed sessions are stored");
+        if cached.text().len() - common_prefix > TAIL_EDIT_BYTES {
+            // `get` has marked the original as used: the branch it was copied for is recent use.
+            return Some(PrefixMatch { session: cached.clone(), common_prefix, forked: true });
         }
-        let session = self.remove(slot).session;
+        let session = self.remove(&key).expect("indexed sessions are stored");
         Some(PrefixMatch { session, common_prefix, forked: false })
+    }
+
+    /// Among sessions with `text`'s fingerprint, the one sharing the longest prefix with it
+    /// (the latest stored on ties), and that prefix's length. Looking does not count as use.
+    fn longest_prefix_candidate(&self, text: &str) -> Option<(SessionKey, usize)> {
+        let candidates = self.by_fingerprint.get(&fingerprint(text)?)?;
+        candidates
+            .iter()
+            .map(|key| {
+                let cached = self.sessions.peek(key).expect("indexed sessions are stored");
+                (key, common_prefix_len(cached.text(), text))
+            })
+            .max_by_key(|&(_, common)| common)
+            .map(|(key, common)| (key.clone(), common))
     }
 
     /// Stores `session` (named, or anonymous when `name` is `None`), then evicts the least
     /// recently used sessions until the store fits its limit. Not kept: a session larger than the
     /// limit, and anonymous sessions shorter than the fingerprint (they could never be found).
     pub fn put(&mut self, session: Session, name: Option<String>) {
-        if let Some(old) = name.as_ref().and_then(|n| self.named.get(n).copied()) {
-            self.remove(old);
+        if let Some(name) = &name {
+            self.remove(&SessionKey::Named(name.clone()));
         }
         if session.bytes() > self.max_bytes {
             return;
         }
-        let fingerprint = match &name {
-            Some(_) => None,
+        let key = match name {
+            Some(name) => SessionKey::Named(name),
             None => match fingerprint(session.text()) {
-                Some(f) => Some(f),
+                Some(fingerprint) => self.index_anonymous(fingerprint),
                 None => return,
             },
         };
-        let slot = self.next_slot;
-        self.next_slot += 1;
-        self.tick += 1;
-        let bytes = session.bytes();
-        if let Some(n) = &name {
-            self.named.insert(n.clone(), slot);
-        }
-        if let Some(f) = fingerprint {
-            self.by_fingerprint.entry(f).or_default().push(slot);
-        }
-        self.lru.insert(self.tick, slot);
-        self.bytes += bytes;
-        self.entries.insert(slot, Entry { session, name, fingerprint, last_used: self.tick, bytes });
+        self.bytes += session.bytes();
+        self.sessions.put(key, session);
         self.evict_to_limit();
+    }
+
+    /// A fresh key for an anonymous session, listed under its fingerprint.
+    fn index_anonymous(&mut self, fingerprint: u64) -> SessionKey {
+        let key = SessionKey::Anonymous { slot: self.next_slot, fingerprint };
+        self.next_slot += 1;
+        self.by_fingerprint.entry(fingerprint).or_default().push(key.clone());
+        key
     }
 
     fn evict_to_limit(&mut self) {
         while self.bytes > self.max_bytes {
-            let Some((_, &slot)) = self.lru.iter().next() else { break };
-            self.remove(slot);
+            let Some((key, session)) = self.sessions.pop_lru() else { break };
+            self.forget(&key, &session);
         }
     }
 
-    fn touch(&mut self, slot: SlotId) {
-        self.tick += 1;
-        let entry = self.entries.get_mut(&slot).expect("touched slots are stored");
-        self.lru.remove(&entry.last_used);
-        entry.last_used = self.tick;
-        self.lru.insert(self.tick, slot);
+    fn remove(&mut self, key: &SessionKey) -> Option<Session> {
+        let session = self.sessions.pop(key)?;
+        self.forget(key, &session);
+        Some(session)
     }
 
-    fn remove(&mut self, slot: SlotId) -> Entry {
-        let entry = self.entries.remove(&slot).expect("removed slots are stored");
-        self.lru.remove(&entry.last_used);
-        self.bytes -= entry.bytes;
-        if let Some(name) = &entry.name {
-            self.named.remove(name);
+    /// Drops what the store kept beside a session that has left `sessions`.
+    fn forget(&mut self, key: &SessionKey, session: &Session) {
+        // A stored session is never mutated, so it still holds the bytes it was counted with.
+        self.bytes -= session.bytes();
+        let SessionKey::Anonymous { fingerprint, .. } = key else { return };
+        let keys = self.by_fingerprint.get_mut(fingerprint).expect("anonymous sessions are indexed");
+        keys.retain(|k| k != key);
+        if keys.is_empty() {
+            self.by_fingerprint.remove(fingerprint);
         }
-        if let Some(f) = entry.fingerprint {
-            let slots = self.by_fingerprint.get_mut(&f).expect("fingerprinted slots are indexed");
-            slots.retain(|&s| s != slot);
-            if slots.is_empty() {
-                self.by_fingerprint.remove(&f);
-            }
-        }
-        entry
     }
 }
 
@@ -234,5 +231,21 @@ mod tests {
         assert!(store.bytes() <= 2 * one);
         store.put(session(&"z".repeat(10 * one)), None);
         assert!(store.bytes() <= 2 * one, "a session over the limit is not kept");
+    }
+
+    #[test]
+    fn a_forked_session_counts_as_used() {
+        let text = |c: char| c.to_string().repeat(FINGERPRINT_BYTES + TAIL_EDIT_BYTES + 100);
+        let one = session(&text('a')).bytes();
+        let mut store = SessionStore::new(2 * one);
+        store.put(session(&text('a')), None);
+        store.put(session(&text('b')), None);
+        let branch = format!("{}x", "a".repeat(FINGERPRINT_BYTES + 10));
+        assert!(store.take_longest_prefix(&branch, 64).unwrap().forked);
+        store.put(session(&text('c')), None);
+        assert!(store.take_longest_prefix(&text('b'), 64).is_none(), "b became the least recently used");
+        assert!(!store.take_longest_prefix(&text('a'), 64).unwrap().forked);
+        assert!(store.take_longest_prefix(&text('c'), 64).is_some());
+        assert_eq!((store.len(), store.bytes()), (0, 0));
     }
 }
