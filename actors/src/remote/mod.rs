@@ -4,14 +4,13 @@
 //! so that the rest of the engine sees one more compute inbox. Only small frames cross
 //! hosts (`wire`); KV stays on the host that computed it.
 //!
-//! - `wire`, `codec`: the versioned binary format (pure, unit-tested).
+//! - `wire`: the versioned binary format (pure, unit-tested).
 //! - `ledger`, `node_book`, `health`: the bookkeeping that makes a node loss cost no
 //!   request, and the liveness state machine (pure, unit-tested).
 //! - `front`: the link actor on the front; `node`: the endpoint actor on a node;
 //!   `cluster`: node servers, connecting, finding a node's endpoint.
 
 mod cluster;
-mod codec;
 mod front;
 mod health;
 mod ledger;

@@ -1,5 +1,7 @@
 use super::*;
 use tokenrouter_core::sched::batching::Threshold;
+use tokenrouter_core::sched::FinishReason;
+use tokenrouter_core::spec::{DraftSource, SpeculationMethod};
 
 fn arrival(spec: bool) -> WireArrival {
     WireArrival {
@@ -129,11 +131,102 @@ fn truncated_or_corrupt_frames_are_errors_not_panics() {
     assert_eq!(Frame::decode(&long), Err(WireError::Malformed("trailing bytes")));
     // A huge length prefix must not allocate: it is checked against what is left.
     let mut huge = Frame::Release(1).encode();
-    huge[3] = 5; // an Arrive kind over a payload that claims a giant suffix
+    huge[3] = 5; // a Handoff kind over a payload that claims a giant suffix
     huge.truncate(4);
     huge.extend_from_slice(&[1, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
     assert_eq!(Frame::decode(&huge), Err(WireError::Truncated));
     let mut bad_kind = Frame::Pong(1).encode();
     bad_kind[3] = 200;
     assert!(matches!(Frame::decode(&bad_kind), Err(WireError::Malformed(_))));
+}
+
+/// One frame of each kind, the control frames with their nested core types.
+fn sample_frames() -> Vec<Frame> {
+    let subserver = SubserverConfig::new(1, 2, 1000, 4096);
+    let rule = BatchingRule {
+        thresholds: vec![Threshold::Fixed(2), Threshold::ByActive(vec![(1, 1), (8, 4)])],
+        max_wait: Some(Duration::from_micros(1500)),
+    };
+    vec![
+        Frame::Hello(Hello {
+            reply_group: "g".into(),
+            models: vec![ModelInfoWire { name: "small".into(), hidden_size: 64, vocab_size: 1000 }],
+            model: 0,
+            policy_seed: 3,
+        }),
+        Frame::Welcome(Welcome {
+            model: 1,
+            block_size: 16,
+            total_blocks: 512,
+            free_blocks: 500,
+            vocab_size: 1000,
+            hidden_size: 64,
+            num_layers: 4,
+        }),
+        Frame::Refused("busy".into()),
+        Frame::Start(StartWire::from_engine(&subserver, &rule)),
+        Frame::Arrive { model: 1, arrival: arrival(true) },
+        Frame::Handoff { to: 0, arrival: arrival(false) },
+        Frame::Event(RequestEvent::Token {
+            id: 1,
+            index: 17,
+            token: 151_000,
+            model: 1,
+            logprob: Some(-0.5),
+            top_logprobs: vec![(3, -0.5)],
+        }),
+        Frame::Release(7),
+        Frame::SetActive(16),
+        Frame::SetRule(RuleWire::from_engine(&rule)),
+        Frame::StatsRequest { model: 1, nonce: 1 },
+        Frame::StatsReply { nonce: 1, json: b"{}".to_vec() },
+        Frame::Ping { model: 1, nonce: 7 },
+        Frame::Pong(7),
+        Frame::InjectPanic(1),
+    ]
+}
+
+#[test]
+fn control_frames_carry_the_engine_settings() {
+    for frame in sample_frames() {
+        round_trip(frame);
+    }
+    let Frame::Start(start) = sample_frames().swap_remove(3) else { panic!("frame 3 is Start") };
+    let (subserver, rule) = start.to_engine();
+    assert_eq!(subserver, SubserverConfig::new(1, 2, 1000, 4096));
+    assert_eq!(rule.max_wait, Some(Duration::from_micros(1500)));
+}
+
+#[test]
+fn garbage_and_every_truncation_are_errors_not_panics() {
+    for frame in sample_frames() {
+        let bytes = frame.encode();
+        for cut in 0..bytes.len() {
+            assert!(Frame::decode(&bytes[..cut]).is_err(), "{frame:?} cut at {cut} decoded");
+        }
+    }
+    // Pseudo-random bytes (xorshift, fixed seed): without our header they are refused;
+    // behind a valid header and kind they must decode or fail, never panic, and what
+    // decodes must encode to a frame that decodes again.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_byte = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u8
+    };
+    for round in 0..2000 {
+        let garbage: Vec<u8> = (0..round % 64).map(|_| next_byte()).collect();
+        if !garbage.starts_with(b"TR") {
+            assert!(Frame::decode(&garbage).is_err(), "garbage {garbage:?} decoded");
+        }
+        let kind = (round % 17) as u8; // every kind, and two past the last
+        let framed: Vec<u8> = [b'T', b'R', WIRE_VERSION, kind].into_iter().chain(garbage).collect();
+        if let Ok(frame) = Frame::decode(&framed) {
+            assert!(Frame::decode(&frame.encode()).is_ok(), "{frame:?} does not survive a re-encode");
+        }
+    }
+    let mut past_the_last_kind = Frame::Pong(1).encode();
+    past_the_last_kind[3] = 15;
+    assert!(matches!(Frame::decode(&past_the_last_kind), Err(WireError::Malformed(_))));
 }
