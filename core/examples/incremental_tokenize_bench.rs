@@ -7,10 +7,11 @@
 //!
 //! cargo run --release -p tokenrouter-core --example incremental_tokenize_bench [-- qwen3|llama3 [continuations]]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokenrouter_core::assets::tokenizer_dir;
 use tokenrouter_core::rng::SplitMix64;
+use tokenrouter_core::stats::Samples;
 use tokenrouter_core::tokenize::incremental::{SessionConfig, SessionTokenizer};
 use tokenrouter_core::tokenize::TextTokenizer;
 
@@ -40,7 +41,7 @@ fn bench_size(tokenizer: &TextTokenizer, corpus: &str, size: usize, continuation
     let mut text = corpus[..end].to_string();
     sessions.encode(Some("bench"), &text, false).expect("first encode");
     let check_every = (size / 100_000).max(1);
-    let (mut times, mut full_times) = (Vec::new(), Vec::new());
+    let (mut times, mut full_times) = (Samples::new(), Samples::new());
     let (mut checked, mut divergent, mut spliced) = (0, 0, 0);
     for i in 0..continuations {
         if i % 5 == 4 {
@@ -52,35 +53,30 @@ fn bench_size(tokenizer: &TextTokenizer, corpus: &str, size: usize, continuation
         end = next_end;
         let start = Instant::now();
         let encoded = sessions.encode(Some("bench"), &text, false).expect("encode");
-        times.push(start.elapsed());
+        times.push(start.elapsed().as_secs_f64());
         spliced += encoded.path.splice_cut().is_some() as usize;
         if i % check_every == 0 {
             let start = Instant::now();
             let full = tokenizer.encode(&text, false).expect("full encode");
-            full_times.push(start.elapsed());
+            full_times.push(start.elapsed().as_secs_f64());
             checked += 1;
             divergent += (full != encoded.ids) as usize;
         }
     }
-    let (p50, p99, full50) =
-        (percentile(&mut times, 0.5), percentile(&mut times, 0.99), percentile(&mut full_times, 0.5));
+    let (p50, p99, full50) = (times.median(), times.quantile(0.99), full_times.median());
     println!(
         "| {} chars | {} | {} | {} | {:.0}× | {checked} | {divergent} | {spliced}/{continuations} |",
         size,
         ms(p50),
         ms(p99),
         ms(full50),
-        full50.as_secs_f64() / p50.as_secs_f64()
+        full50.zip(p50).map_or(f64::NAN, |(full, inc)| full / inc)
     );
 }
 
-fn percentile(samples: &mut [Duration], q: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() - 1) as f64 * q).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+/// Seconds as milliseconds; "—" for no samples (no continuations asked for).
+fn ms(seconds: Option<f64>) -> String {
+    seconds.map_or("—".to_string(), |s| format!("{:.3} ms", s * 1e3))
 }
 
 /// Rust-like source text: functions, nested blocks, identifiers, numbers, strings and comments.

@@ -7,5 +7,6 @@ pub mod rng;
 pub mod sched;
 pub mod spec;
 pub mod sse;
+pub mod stats;
 pub mod tokenize;
 pub mod tools;

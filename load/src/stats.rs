@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use tokenrouter_core::stats::{quantile_of_sorted, Samples};
 
 use crate::churn::Fate;
 use crate::record::RequestRecord;
@@ -13,10 +14,7 @@ use crate::turns::{self, TurnStats};
 /// The `q`-quantile (0..=1) of sorted values, interpolating linearly between
 /// ranks (NumPy's default), so p50 of an even count is the middle pair's mean.
 pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    let last = sorted.len().checked_sub(1)?;
-    let rank = q.clamp(0.0, 1.0) * last as f64;
-    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-    Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64))
+    quantile_of_sorted(sorted, q)
 }
 
 /// p50/p90/p99 and mean of one measure, in seconds (or tokens/s).
@@ -30,13 +28,12 @@ pub struct Distribution {
 
 impl Distribution {
     pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Distribution> {
-        let mut v: Vec<f64> = values.into_iter().collect();
-        v.sort_by(f64::total_cmp);
+        let mut samples: Samples = values.into_iter().collect();
         Some(Distribution {
-            mean: v.iter().sum::<f64>() / v.len().max(1) as f64,
-            p50: quantile(&v, 0.50)?,
-            p90: quantile(&v, 0.90)?,
-            p99: quantile(&v, 0.99)?,
+            mean: samples.mean()?,
+            p50: samples.quantile(0.50)?,
+            p90: samples.quantile(0.90)?,
+            p99: samples.quantile(0.99)?,
         })
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
+use tokenrouter_core::stats::Samples;
 
 use super::generator::{EngineStats, Generator};
 use super::state::AppState;
@@ -94,16 +95,18 @@ pub async fn history(state: web::Data<AppState>) -> HttpResponse {
     }))
 }
 
-fn sample_of(stats: &EngineStats, mut ttfts: Vec<f32>, t: f64) -> Sample {
-    ttfts.sort_by(f32::total_cmp);
-    let ms = |s: &f32| f64::from(*s) * 1e3;
+/// `ttfts` in seconds. `first_tokens` counts every first token seen, so a reservoir's
+/// cap will show as more first tokens than samples behind the p50.
+fn sample_of(stats: &EngineStats, ttfts: Vec<f32>, t: f64) -> Sample {
+    let mut ttfts = Samples::from(ttfts);
+    let ms = |s: f64| s * 1e3;
     Sample {
         t,
         active_requests: stats.active_requests,
         waiting: stats.kv.as_ref().map_or(0, |kv| kv.waiting),
-        first_tokens: ttfts.len(),
-        ttft_p50_ms: ttfts.get(ttfts.len() / 2).map(ms),
-        ttft_max_ms: ttfts.last().map(ms),
+        first_tokens: ttfts.seen() as usize,
+        ttft_p50_ms: ttfts.median().map(ms),
+        ttft_max_ms: ttfts.max().map(ms),
         models: stats
             .models
             .iter()

@@ -9,6 +9,8 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::stats::Samples;
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct MachineLimits {
     /// Read-only bandwidth, GB/s (10^9 bytes): what streaming weights can reach, the
@@ -122,11 +124,10 @@ pub fn best_seconds(runs: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// The middle value of `samples` (the upper one of an even count); benchmarks share it.
+/// The median of `samples` (the middle pair's mean for an even count, see
+/// [`Samples::median`]); profiles and benchmarks share it. Needs at least one sample.
 pub fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
+    Samples::from(samples.to_vec()).median().expect("the median of no samples")
 }
 
 /// candle's GEMM. [`MachineLimits::gemm_gflops`] takes the faster of it and ours: a
@@ -177,5 +178,17 @@ impl GemmProbe {
 impl Default for GemmProbe {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_is_the_middle_sample_or_the_middle_pairs_mean() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
     }
 }

@@ -282,8 +282,7 @@ fn decode_seconds(model: &mut CudaBackend, batch: usize, context: usize, steps: 
         model.forward(&mut rows, false)?;
         times.push(start.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(crate::model::machine::median(&times))
 }
 
 /// Device-to-device copy of 2 GiB: bytes read per second (the best of five).

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::pool::cost::InstanceProfile;
 use crate::pool::trace::Arrival;
+use crate::stats::Samples;
 
 /// A request as one pool sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,12 +64,7 @@ pub struct PoolRun {
 impl PoolRun {
     /// The q-quantile of TTFT (0 without requests).
     pub fn ttft_quantile(&self, q: f64) -> f64 {
-        if self.ttft_s.is_empty() {
-            return 0.0;
-        }
-        let mut sorted = self.ttft_s.clone();
-        sorted.sort_by(f64::total_cmp);
-        sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+        Samples::from(self.ttft_s.clone()).quantile(q).unwrap_or(0.0)
     }
 }
 
