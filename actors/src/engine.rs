@@ -14,6 +14,7 @@ use tokenrouter_core::policy::{expected_delegation, Policy};
 use tokenrouter_core::sched::planner::{LatencyTable, PlannerStatus, Replanner, DEFAULT_DELEGATION_PRIOR};
 use tokenrouter_core::sched::request::only_model;
 use tokenrouter_core::sched::{BatchingRule, RequestId, RequestSpec, SubserverConfig};
+use tokenrouter_core::stats::Samples;
 use tokenrouter_core::tokenize::incremental::SessionConfig;
 use tokenrouter_core::tokenize::{
     shared_vocab_check, ChatMessage, RenderOptions, StopMatcher, StreamDecoder, TextTokenizer, TokenizeError,
@@ -444,8 +445,9 @@ impl Engine {
     }
 
     /// The times to first token (seconds) of requests whose first token came since the
-    /// last call: what a stats history samples.
-    pub fn take_recent_ttfts(&self) -> Vec<f32> {
+    /// last call: what a stats history samples. Past 4,096 it keeps a uniform sample of
+    /// them; `seen()` counts them all.
+    pub fn take_recent_ttfts(&self) -> Samples {
         self.shared.links.take_recent_ttfts()
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use flume::Sender;
 use ractor::ActorRef;
 use tokenrouter_core::sched::{Arrival, BatchingRule, RequestId};
+use tokenrouter_core::stats::Samples;
 
 use crate::config::SupervisionConfig;
 use crate::error::EngineError;
@@ -20,7 +21,8 @@ use crate::registry::Registry;
 /// How long a stats call may take before the caller gives up on a model.
 pub(crate) const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The most first-token times kept between two reads of [`EngineLinks::take_recent_ttfts`].
+/// The most first-token times kept between two reads of [`EngineLinks::take_recent_ttfts`]:
+/// a uniform sample of them when more came, so their quantiles stay unbiased.
 const RECENT_TTFTS: usize = 4096;
 
 /// What requests and the engine's helpers share: the models' inboxes and the books
@@ -34,9 +36,9 @@ pub(crate) struct EngineLinks {
     /// Active request count; changes are broadcast under this lock so every
     /// subserver sees them in order (a stale high N could deadlock thresholds).
     active: Mutex<usize>,
-    /// Times to first token since the last read, in seconds (at most `RECENT_TTFTS`;
-    /// a reader that never comes keeps only the first ones).
-    recent_ttfts: parking_lot::Mutex<Vec<f32>>,
+    /// Times to first token since the last read, in seconds (a reservoir of at most
+    /// `RECENT_TTFTS`, which counts every one it saw).
+    recent_ttfts: parking_lot::Mutex<Samples>,
 }
 
 impl EngineLinks {
@@ -47,20 +49,17 @@ impl EngineLinks {
             kv,
             registry,
             active: Mutex::new(0),
-            recent_ttfts: parking_lot::Mutex::new(Vec::new()),
+            recent_ttfts: parking_lot::Mutex::new(Samples::reservoir(RECENT_TTFTS, 0x7474_6674)),
         }
     }
 
     pub fn record_ttft(&self, seconds: f64) {
         metrics::histogram!("tokenrouter_request_ttft_seconds").record(seconds);
-        let mut recent = self.recent_ttfts.lock();
-        if recent.len() < RECENT_TTFTS {
-            recent.push(seconds as f32);
-        }
+        self.recent_ttfts.lock().push(seconds);
     }
 
-    pub fn take_recent_ttfts(&self) -> Vec<f32> {
-        std::mem::take(&mut *self.recent_ttfts.lock())
+    pub fn take_recent_ttfts(&self) -> Samples {
+        self.recent_ttfts.lock().take()
     }
 
     pub fn names(&self) -> &[String] {

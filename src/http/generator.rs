@@ -13,6 +13,7 @@ use tokenrouter_actors::{
     Engine, EngineError, Fault, GenerateRequest, GenerationEvent, ModelReadiness, Readiness, SubserverSnapshot,
 };
 use tokenrouter_core::sched::planner::PlannerStatus;
+use tokenrouter_core::stats::Samples;
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
 use tokenrouter_core::tools::ToolSyntax;
 
@@ -111,8 +112,8 @@ pub trait Generator: Send + Sync + 'static {
 
     /// Times to first token (seconds) of requests whose first token came since the
     /// last call (for the stats history); none where not tracked.
-    fn take_recent_ttfts(&self) -> Vec<f32> {
-        Vec::new()
+    fn take_recent_ttfts(&self) -> Samples {
+        Samples::new()
     }
 
     /// Every model's subserver is up and answering.
@@ -144,7 +145,7 @@ impl Generator for Engine {
         Engine::model_names(self).to_vec()
     }
 
-    fn take_recent_ttfts(&self) -> Vec<f32> {
+    fn take_recent_ttfts(&self) -> Samples {
         Engine::take_recent_ttfts(self)
     }
 

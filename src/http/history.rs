@@ -97,8 +97,7 @@ pub async fn history(state: web::Data<AppState>) -> HttpResponse {
 
 /// `ttfts` in seconds. `first_tokens` counts every first token seen, so a reservoir's
 /// cap will show as more first tokens than samples behind the p50.
-fn sample_of(stats: &EngineStats, ttfts: Vec<f32>, t: f64) -> Sample {
-    let mut ttfts = Samples::from(ttfts);
+fn sample_of(stats: &EngineStats, mut ttfts: Samples, t: f64) -> Sample {
     let ms = |s: f64| s * 1e3;
     Sample {
         t,
@@ -137,7 +136,7 @@ mod tests {
     fn the_ring_keeps_the_last_ten_minutes_and_ttfts_summarize() {
         let history = StatsHistory::default();
         for i in 0..SAMPLES_KEPT + 5 {
-            history.push(sample_of(&EngineStats::default(), vec![0.3, 0.1, 0.2], i as f64));
+            history.push(sample_of(&EngineStats::default(), Samples::from(vec![0.3f32, 0.1, 0.2]), i as f64));
         }
         let samples = history.samples();
         assert_eq!(samples.len(), SAMPLES_KEPT);
@@ -145,6 +144,6 @@ mod tests {
         let last = samples.last().unwrap();
         assert_eq!(last.first_tokens, 3);
         assert!((last.ttft_p50_ms.unwrap() - 200.0).abs() < 1e-3 && (last.ttft_max_ms.unwrap() - 300.0).abs() < 1e-3);
-        assert!(sample_of(&EngineStats::default(), vec![], 0.0).ttft_p50_ms.is_none());
+        assert!(sample_of(&EngineStats::default(), Samples::new(), 0.0).ttft_p50_ms.is_none());
     }
 }
