@@ -1,6 +1,7 @@
 pub mod assets;
 pub mod constrain;
 pub mod model;
+pub mod openai;
 pub mod policy;
 pub mod pool;
 pub mod rng;

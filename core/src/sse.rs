@@ -154,6 +154,14 @@ mod tests {
         assert_eq!(parse_in_pieces(stream, &[]), vec![data("{\"a\":1}"), data("x"), SseEvent::Done]);
     }
 
+    /// Moved from the terminal chat's own splitter, which this parser replaced.
+    #[test]
+    fn an_event_split_across_reads_completes_past_comments_to_done() {
+        let mut parser = SseParser::default();
+        assert!(parser.push(b"data: {\"a\"").is_empty());
+        assert_eq!(parser.push(b":1}\n\n: keep-alive\n\ndata: [DONE]\n\n"), vec![data("{\"a\":1}"), SseEvent::Done]);
+    }
+
     #[test]
     fn comments_and_other_fields_are_read_past() {
         let stream = b": keep-alive\n\nevent: chunk\nid: 7\nretry: 10\ndata: one\n\n:\n\n";

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::{Number, Value};
+use tokenrouter_core::openai::{self, ChatRequest, CompletionRequest, Message, ModelList, Prompt};
 
 use crate::sse::{error_message, SseParser, StreamTally};
 use crate::target::Target;
@@ -125,12 +126,13 @@ impl Client {
             anyhow::anyhow!("no server answers at {}: {} (start one with `tokenrouter serve`)", self.target, chain(&e))
         })?;
         let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let text = response.text().await.map_err(|e| anyhow::anyhow!("GET {url}: reading the reply: {}", chain(&e)))?;
         if !status.is_success() {
-            anyhow::bail!("GET {url}: HTTP {status}: {}", error_message(&body["error"]));
+            anyhow::bail!("GET {url}: HTTP {status}: {}", error_message(&text));
         }
-        let ids = body["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str()).map(str::to_string));
-        Ok(ids.map(Iterator::collect).unwrap_or_default())
+        let list: ModelList =
+            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("GET {url}: not a model list ({e}): {text}"))?;
+        Ok(list.ids())
     }
 
     /// A plain (unstreamed) JSON call: the reply's body, or why there is none.
@@ -139,12 +141,10 @@ impl Client {
         let response = self.post(&url, body).await?;
         let status = response.status();
         let text = response.text().await.map_err(|e| format!("reading the reply: {}", chain(&e)))?;
-        let value = serde_json::from_str::<Value>(&text);
         if !status.is_success() {
-            let message = value.map(|v| error_message(&v["error"])).unwrap_or(text);
-            return Err(format!("HTTP {}: {message}", status.as_u16()));
+            return Err(format!("HTTP {}: {}", status.as_u16(), error_message(&text)));
         }
-        value.map_err(|e| format!("unreadable reply ({e}): {text}"))
+        serde_json::from_str::<Value>(&text).map_err(|e| format!("unreadable reply ({e}): {text}"))
     }
 
     /// POSTs `body`, once more on a fresh connection when a pooled one was closed by
@@ -162,39 +162,29 @@ impl Client {
     /// The request body for a conversation.
     pub fn body(&self, conversation: &Conversation, max_tokens: usize, seed: u64) -> Value {
         let o = &self.options;
-        let mut body = json!({
-            "max_tokens": max_tokens,
-            "stream": true,
-            "stream_options": { "include_usage": true },
-            "seed": seed,
-        });
-        match o.endpoint {
+        let options = openai::RequestOptions {
+            model: o.model.clone(),
+            max_tokens: Some(max_tokens),
+            seed: Some(Number::from(seed)),
+            ignore_eos: o.ignore_eos.then_some(true),
+            temperature: o.temperature,
+            routing: o.routing.clone(),
+            response_format: o.response_format.clone(),
+            session_id: conversation.session.clone(),
+            ..openai::RequestOptions::streamed()
+        };
+        let body = match o.endpoint {
             Endpoint::Chat => {
-                let messages: Vec<Value> =
-                    conversation.messages.iter().map(|(role, text)| json!({ "role": role, "content": text })).collect();
-                body["messages"] = Value::Array(messages);
+                let messages = conversation.messages.iter().map(|(role, text)| Message::new(role, text.as_str()));
+                serde_json::to_value(ChatRequest { messages: messages.collect(), options })
             }
-            Endpoint::Completions => body["prompt"] = json!(conversation.completion_prompt()),
-        }
-        if let Some(session) = &conversation.session {
-            body["session_id"] = json!(session);
-        }
-        if let Some(model) = &o.model {
-            body["model"] = json!(model);
-        }
-        if o.ignore_eos {
-            body["ignore_eos"] = json!(true);
-        }
-        if let Some(t) = o.temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(routing) = &o.routing {
-            body["routing"] = routing.clone();
-        }
-        if let Some(format) = &o.response_format {
-            body["response_format"] = format.clone();
-        }
-        body
+            Endpoint::Completions => {
+                let prompt = Prompt::Text(conversation.completion_prompt());
+                serde_json::to_value(CompletionRequest { prompt, logprobs: None, options })
+            }
+        };
+        // Cannot fail: every map in a request has string keys.
+        body.expect("a request body is JSON")
     }
 
     /// Sends and streams one request; never fails, a failure is in the outcome.
@@ -236,8 +226,7 @@ impl Client {
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<Value>(&text).map(|v| error_message(&v["error"])).unwrap_or(text);
-            return Err(format!("HTTP {}: {message}", status.as_u16()));
+            return Err(format!("HTTP {}: {}", status.as_u16(), error_message(&text)));
         }
         let hangup_due = |tally: &StreamTally| hangup_after.filter(|&k| tally.tokens_seen() >= k);
         if let Some(k) = hangup_due(tally) {
@@ -269,11 +258,11 @@ impl Client {
         let url = self.target.url(path);
         let response = self.http.get(&url).send().await.map_err(|e| chain(&e))?;
         let status = response.status();
-        let body: Value = response.json().await.map_err(|e| format!("GET {url}: unreadable reply: {}", chain(&e)))?;
+        let text = response.text().await.map_err(|e| format!("GET {url}: reading the reply: {}", chain(&e)))?;
         if !status.is_success() {
-            return Err(format!("GET {url}: HTTP {}: {}", status.as_u16(), error_message(&body["error"])));
+            return Err(format!("GET {url}: HTTP {}: {}", status.as_u16(), error_message(&text)));
         }
-        Ok(body)
+        serde_json::from_str(&text).map_err(|e| format!("GET {url}: unreadable reply ({e}): {text}"))
     }
 
     /// POSTs `body` and returns only the status: for calls whose answer is their status.
@@ -304,6 +293,8 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn client(endpoint: Endpoint) -> Client {

@@ -1,12 +1,13 @@
 //! Reading a streamed OpenAI response: the meaning of each `data:` payload
 //! (`Chunk`), and the running account of one response (`StreamTally`) from which a
-//! request's measurements come. SSE framing is core's `SseParser`, shared with the
-//! server's upstream client. All pure, so the parsing is tested without a server.
+//! request's measurements come. SSE framing is core's `SseParser` and the chunk's
+//! shape core's `openai::Completion`, both shared with the server's upstream client and
+//! the terminal chat. All pure, so the parsing is tested without a server.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::Value;
+use tokenrouter_core::openai::{self, Completion, ErrorEnvelope};
 pub use tokenrouter_core::sse::{SseEvent, SseParser};
 
 /// Token counts the server reports in `usage`.
@@ -36,18 +37,17 @@ pub struct Chunk {
 
 impl Chunk {
     pub fn parse(data: &str) -> Result<Chunk, String> {
-        let v: Value = serde_json::from_str(data).map_err(|e| format!("unreadable stream chunk ({e}): {data}"))?;
-        if let Some(error) = v.get("error") {
-            return Ok(Chunk { error: Some(error_message(error)), ..Chunk::default() });
+        let chunk: Completion =
+            serde_json::from_str(data).map_err(|e| format!("unreadable stream chunk ({e}): {data}"))?;
+        if let Some(error) = chunk.error {
+            return Ok(Chunk { error: Some(error.message()), ..Chunk::default() });
         }
-        let choice = v["choices"].get(0).unwrap_or(&Value::Null);
-        let text = choice["delta"]["content"].as_str().or(choice["text"].as_str()).unwrap_or_default();
-        let models = v["routing"]["models"].as_array().map(|a| a.iter().map(value_name).collect()).unwrap_or_default();
+        let choice = chunk.choices.into_iter().next().unwrap_or_default();
         Ok(Chunk {
-            text: text.to_string(),
-            models,
-            finish_reason: choice["finish_reason"].as_str().map(str::to_string),
-            usage: v.get("usage").filter(|u| u.is_object()).map(parse_usage),
+            text: choice.text().to_string(),
+            models: chunk.routing.map(|r| r.models).unwrap_or_default(),
+            finish_reason: choice.finish_reason,
+            usage: chunk.usage.map(Usage::from),
             error: None,
         })
     }
@@ -58,27 +58,23 @@ impl Chunk {
     }
 }
 
-fn value_name(v: &Value) -> String {
-    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
-}
-
-fn parse_usage(u: &Value) -> Usage {
-    let per_model = u["tokens_per_model"].as_object();
-    Usage {
-        prompt_tokens: u["prompt_tokens"].as_u64().unwrap_or(0),
-        completion_tokens: u["completion_tokens"].as_u64().unwrap_or(0),
-        cached_tokens: u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
-        tokens_per_model: per_model
-            .map(|m| m.iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0))).collect())
-            .unwrap_or_default(),
+impl From<openai::Usage> for Usage {
+    fn from(u: openai::Usage) -> Usage {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            cached_tokens: u.cached_tokens(),
+            tokens_per_model: u.tokens_per_model,
+        }
     }
 }
 
-/// The message of an OpenAI error envelope's `error` (or the value itself).
-pub fn error_message(error: &Value) -> String {
-    match error["message"].as_str() {
-        Some(m) => m.to_string(),
-        None => error.as_str().map(str::to_string).unwrap_or_else(|| error.to_string()),
+/// The message of a failed request's body: OpenAI's error envelope's, else the body
+/// itself.
+pub fn error_message(body: &str) -> String {
+    match serde_json::from_str::<ErrorEnvelope>(body).ok().and_then(|e| e.error) {
+        Some(error) => error.message(),
+        None => body.to_string(),
     }
 }
 
@@ -217,6 +213,8 @@ mod tests {
         let error = Chunk::parse(r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#);
         assert_eq!(error.unwrap().error.as_deref(), Some("boom"));
         assert!(Chunk::parse("{not json").unwrap_err().contains("unreadable"));
+        let wrong_type = Chunk::parse(r#"{"choices":[{"text":["x"]}]}"#).unwrap_err();
+        assert!(wrong_type.contains("unreadable"), "{wrong_type}");
     }
 
     fn at(ms: u64) -> Duration {
@@ -261,5 +259,15 @@ mod tests {
         t.on_data(at(2), "garbage");
         t.on_event(at(3), SseEvent::Done);
         assert_eq!(t.failure().as_deref(), Some("engine failed"));
+    }
+
+    #[test]
+    fn error_bodies_give_their_message_or_themselves() {
+        assert_eq!(
+            error_message(r#"{"error":{"message":"no such model","type":"invalid_request_error"}}"#),
+            "no such model"
+        );
+        assert_eq!(error_message(r#"{"error":"overloaded"}"#), "overloaded");
+        assert_eq!(error_message("Bad Gateway"), "Bad Gateway");
     }
 }

@@ -11,7 +11,10 @@ use std::io::{BufRead, IsTerminal, Write};
 use anyhow::{bail, Context};
 use clap::Args;
 use futures::StreamExt;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+use tokenrouter_core::openai::{excerpt, ChatRequest, Completion, ErrorEnvelope, Message, ModelList, RequestOptions};
+use tokenrouter_core::sse::{SseEvent, SseParser};
 
 use super::serve::{self, ConfigSource, StartOptions};
 
@@ -162,7 +165,7 @@ async fn ask(
     out: &mut impl Write,
 ) -> anyhow::Result<String> {
     let mut messages = conversation.messages.clone();
-    messages.push(json!({ "role": "user", "content": question }));
+    messages.push(Message::new("user", question));
     let mut painter = Painter::new(&client.models, color);
     let answer = client
         .stream(&messages, settings, |text, model| {
@@ -174,14 +177,14 @@ async fn ask(
     writeln!(out)?;
     let answer = answer?;
     conversation.messages = messages;
-    conversation.messages.push(json!({ "role": "assistant", "content": answer.text }));
+    conversation.messages.push(Message::new("assistant", answer.text.clone()));
     Ok(summary(&answer, &client.models))
 }
 
 /// The messages sent with every question: the system message and the turns so far.
 struct Conversation {
     system: Option<String>,
-    messages: Vec<Value>,
+    messages: Vec<Message>,
 }
 
 impl Conversation {
@@ -192,7 +195,7 @@ impl Conversation {
     }
 
     fn reset(&mut self) {
-        self.messages = self.system.iter().map(|s| json!({ "role": "system", "content": s })).collect();
+        self.messages = self.system.iter().map(|s| Message::new("system", s.as_str())).collect();
     }
 }
 
@@ -301,11 +304,8 @@ impl ChatClient {
             request = request.bearer_auth(key);
         }
         let response = request.send().await.with_context(|| format!("cannot reach {base}"))?;
-        let body = checked_json(response).await.with_context(|| format!("GET {base}/v1/models"))?;
-        let ids: Vec<String> = body["data"]
-            .as_array()
-            .map(|data| data.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect())
-            .unwrap_or_default();
+        let list: ModelList = checked_json(response).await.with_context(|| format!("GET {base}/v1/models"))?;
+        let ids = list.ids();
         let models = match ids.len() {
             0 => bail!("{base}/v1/models lists no model"),
             1 => ids,
@@ -317,107 +317,99 @@ impl ChatClient {
     /// Streams one answer, calling `on_text(text, model)` for every piece as it arrives.
     async fn stream(
         &self,
-        messages: &[Value],
+        messages: &[Message],
         settings: &Settings,
         mut on_text: impl FnMut(&str, Option<&str>),
     ) -> anyhow::Result<Answer> {
-        let body = json!({
-            "messages": messages,
-            "stream": true,
-            "stream_options": { "include_usage": true },
-            "max_tokens": settings.max_tokens,
-            "temperature": settings.temperature,
-            "routing": self.routing,
-        });
+        let options = RequestOptions {
+            max_tokens: Some(settings.max_tokens as usize),
+            temperature: Some(settings.temperature),
+            routing: Some(self.routing.clone()),
+            ..RequestOptions::streamed()
+        };
+        let body = ChatRequest { messages: messages.to_vec(), options };
         let mut request = self.http.post(format!("{}/v1/chat/completions", self.base)).json(&body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
         let response = request.send().await.context("sending the question")?;
         if !response.status().is_success() {
-            checked_json(response).await?;
+            checked_json::<Value>(response).await?;
             bail!("the server refused the request");
         }
         let mut answer = Answer::default();
-        let mut events = SseEvents::default();
+        let mut parser = SseParser::default();
         let mut bytes = response.bytes_stream();
         while let Some(chunk) = bytes.next().await {
             let chunk = chunk.context("reading the stream")?;
-            for data in events.push(&chunk) {
-                if data == "[DONE]" {
+            for event in parser.push(&chunk) {
+                if take_event(event, &mut answer, &mut on_text)? {
                     return Ok(answer);
                 }
-                let value: Value = serde_json::from_str(&data).context("a stream chunk is not JSON")?;
-                take_chunk(&value, &mut answer, &mut on_text)?;
+            }
+        }
+        if let Some(event) = parser.finish() {
+            if take_event(event, &mut answer, &mut on_text)? {
+                return Ok(answer);
             }
         }
         bail!("the stream ended without [DONE]")
     }
 }
 
-/// One stream chunk into the answer: text (with the model of its last token), the finish
-/// reason, usage; an error chunk ends the answer with its message.
-fn take_chunk(value: &Value, answer: &mut Answer, on_text: &mut impl FnMut(&str, Option<&str>)) -> anyhow::Result<()> {
-    if let Some(error) = value.get("error") {
-        bail!("{}", error["message"].as_str().unwrap_or("the server reported an error"));
+/// One stream event into the answer; true at `[DONE]`.
+fn take_event(
+    event: SseEvent,
+    answer: &mut Answer,
+    on_text: &mut impl FnMut(&str, Option<&str>),
+) -> anyhow::Result<bool> {
+    match event {
+        SseEvent::Done => Ok(true),
+        SseEvent::Data(data) => take_chunk(&data, answer, on_text).map(|()| false),
     }
-    if let Some(choice) = value["choices"].get(0) {
-        if let Some(text) = choice["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+}
+
+/// One stream chunk into the answer: text (with the model of its last token), the finish
+/// reason, usage; an error chunk ends the answer with its message, and so does a chunk
+/// that is not one.
+fn take_chunk(data: &str, answer: &mut Answer, on_text: &mut impl FnMut(&str, Option<&str>)) -> anyhow::Result<()> {
+    let chunk: Completion =
+        serde_json::from_str(data).with_context(|| format!("a malformed stream chunk: {}", excerpt(data)))?;
+    if let Some(error) = chunk.error {
+        bail!("{}", error.message());
+    }
+    if let Some(choice) = chunk.first_choice() {
+        let text = choice.text();
+        if !text.is_empty() {
             // A chunk's text may hold several tokens (held back until they form whole
             // characters); it is shown in the colour of the last one.
-            let model = value["routing"]["models"].as_array().and_then(|m| m.last()).and_then(Value::as_str);
+            let model = chunk.routing.as_ref().and_then(|r| r.models.last()).map(String::as_str);
             on_text(text, model);
             answer.text.push_str(text);
         }
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            answer.finish_reason = Some(reason.to_string());
+        if let Some(reason) = &choice.finish_reason {
+            answer.finish_reason = Some(reason.clone());
         }
     }
-    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
-        answer.completion_tokens = usage["completion_tokens"].as_u64().unwrap_or(0);
-        if let Some(per_model) = usage["tokens_per_model"].as_object() {
-            answer.tokens_per_model = per_model.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect();
+    if let Some(usage) = chunk.usage {
+        answer.completion_tokens = usage.completion_tokens;
+        if !usage.tokens_per_model.is_empty() {
+            answer.tokens_per_model = usage.tokens_per_model.into_iter().collect();
         }
     }
     Ok(())
 }
 
-/// Splits a byte stream into SSE `data` payloads (events end with a blank line; comments
-/// such as keep-alives are skipped).
-#[derive(Default)]
-struct SseEvents {
-    buffer: Vec<u8>,
-}
-
-impl SseEvents {
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.buffer.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
-            if !data.is_empty() {
-                out.push(data.join("\n"));
-            }
-        }
-        out
-    }
-}
-
 /// The JSON body of a successful response, or an error carrying the server's message.
-async fn checked_json(response: reqwest::Response) -> anyhow::Result<Value> {
+async fn checked_json<T: DeserializeOwned>(response: reqwest::Response) -> anyhow::Result<T> {
     let status = response.status();
     let text = response.text().await.context("reading the response")?;
-    let body: Option<Value> = serde_json::from_str(&text).ok();
     if !status.is_success() {
-        let message = body
-            .as_ref()
-            .and_then(|b| b["error"]["message"].as_str().map(str::to_string))
-            .unwrap_or_else(|| text.chars().take(300).collect());
+        let error = serde_json::from_str::<ErrorEnvelope>(&text).ok().and_then(|e| e.error);
+        let message = error.map_or_else(|| text.chars().take(300).collect(), |e| e.message());
         bail!("HTTP {status}: {message}");
     }
-    body.context("the response is not JSON")
+    serde_json::from_str(&text).context("the response is not the JSON expected")
 }
 
 #[cfg(test)]
@@ -449,13 +441,6 @@ mod tests {
     }
 
     #[test]
-    fn sse_events_split_across_reads_and_skip_comments() {
-        let mut sse = SseEvents::default();
-        assert!(sse.push(b"data: {\"a\"").is_empty());
-        assert_eq!(sse.push(b":1}\n\n: keep-alive\n\ndata: [DONE]\n\n"), vec!["{\"a\":1}", "[DONE]"]);
-    }
-
-    #[test]
     fn the_summary_gives_the_last_models_share() {
         let answer = Answer {
             text: "x".into(),
@@ -470,7 +455,39 @@ mod tests {
     fn an_error_chunk_ends_the_answer_with_its_message() {
         let mut answer = Answer::default();
         let chunk = json!({ "error": { "message": "out of KV" } });
-        let e = take_chunk(&chunk, &mut answer, &mut |_, _| {}).unwrap_err();
+        let e = take_chunk(&chunk.to_string(), &mut answer, &mut |_, _| {}).unwrap_err();
         assert_eq!(e.to_string(), "out of KV");
+    }
+
+    #[test]
+    fn chunks_feed_the_answer_with_each_texts_model() {
+        let mut answer = Answer::default();
+        let mut shown = Vec::new();
+        let mut on_text = |text: &str, model: Option<&str>| shown.push((text.to_string(), model.map(str::to_string)));
+        let chunks = [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"Pa"}}],"routing":{"models":["small","large"]}}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"tokens_per_model":{"large":1,"small":1}}}"#,
+        ];
+        for chunk in chunks {
+            take_chunk(chunk, &mut answer, &mut on_text).unwrap();
+        }
+        assert_eq!(shown, [("Pa".to_string(), Some("large".to_string()))]);
+        assert_eq!(
+            (answer.text.as_str(), answer.finish_reason.as_deref(), answer.completion_tokens),
+            ("Pa", Some("stop"), 2)
+        );
+        assert_eq!(answer.tokens_per_model, [("large".to_string(), 1), ("small".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_malformed_chunk_ends_the_answer_with_an_error() {
+        let mut answer = Answer::default();
+        for bad in ["{not json", r#"{"choices":[{"delta":{"content":7}}]}"#] {
+            let e = take_chunk(bad, &mut answer, &mut |_, _| {}).unwrap_err();
+            assert!(e.to_string().contains("malformed stream chunk"), "{e:#}");
+        }
+        assert_eq!(answer.text, "");
     }
 }

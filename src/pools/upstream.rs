@@ -1,8 +1,9 @@
 //! A pool member on another server: any OpenAI-compatible server with the same
 //! tokenizer (vLLM, another tokenrouter). Requests go to `/v1/completions` as token-id
 //! prompts (the dispatcher has tokenized already) with `stream: true`; the SSE chunks
-//! come back as engine events. Token ids arrive when the server honours vLLM's
-//! `return_token_ids`; otherwise each chunk is one event with id 0 and its text.
+//! come back as engine events. Token ids arrive because the request asks for vLLM's
+//! `return_token_ids`: an upstream that sends text without them fails the request (its
+//! tokens cannot join a sequence that others continue by id).
 //! Every wait on the upstream has a limit (`UpstreamTimeouts`): a stalled upstream
 //! ends the request with an error, in the stream once it has begun.
 
@@ -12,9 +13,10 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream};
 use futures::{FutureExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::Number;
 use tokenrouter_actors::tokenizer::RenderedChat;
 use tokenrouter_actors::{EngineError, GenerateRequest, GenerationEvent, Usage};
+use tokenrouter_core::openai::{excerpt, Choice, Completion, CompletionRequest, ErrorEnvelope, Prompt, RequestOptions};
 use tokenrouter_core::sched::FinishReason;
 use tokenrouter_core::sse::{SseEvent, SseParser};
 use tokenrouter_core::tokenize::{ChatMessage, RenderOptions};
@@ -93,9 +95,11 @@ impl Upstream {
         let status = response.status();
         if !status.is_success() {
             // The error body is read under the idle limit too: a stalled upstream may stop here.
-            let body = tokio::time::timeout(self.timeouts.idle(), response.json::<Value>()).await;
-            let body = body.ok().and_then(Result::ok).unwrap_or(Value::Null);
-            let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
+            let body = tokio::time::timeout(self.timeouts.idle(), response.json::<ErrorEnvelope>()).await;
+            let message = match body.ok().and_then(Result::ok).and_then(|b| b.error) {
+                Some(error) => error.message(),
+                None => "no message".to_string(),
+            };
             return Err(match status.as_u16() {
                 400 => EngineError::InvalidRequest(format!("upstream {}: {message}", self.base)),
                 _ => EngineError::Internal(format!("upstream {} answered {status}: {message}", self.base)),
@@ -110,35 +114,29 @@ impl Upstream {
     }
 }
 
-fn completion_body(r: &GenerateRequest) -> Value {
+fn completion_body(r: &GenerateRequest) -> CompletionRequest {
     let s = &r.sampling;
-    let mut body = json!({
-        "prompt": r.prompt,
-        "max_tokens": r.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "min_p": s.min_p,
+    let options = RequestOptions {
+        max_tokens: Some(r.max_tokens),
+        temperature: Some(s.temperature),
+        top_p: Some(s.top_p),
+        top_k: Some(s.top_k),
+        min_p: Some(s.min_p),
         // OpenAI-compatible servers take a signed 64-bit seed; the bits are kept.
-        "seed": s.seed as i64,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "repetition_penalty": s.repetition_penalty,
-        "stop": r.stop,
-        "stop_token_ids": r.stop_ids,
-        "ignore_eos": r.ignore_eos,
-        "skip_special_tokens": r.skip_special_tokens,
-        "return_token_ids": true,
-        "stream": true,
-        "stream_options": { "include_usage": true },
-    });
-    if !s.logit_bias.is_empty() {
-        body["logit_bias"] = fields::logit_bias_json(&s.logit_bias);
-    }
-    if let Some(grammar) = &r.grammar {
-        body["response_format"] = fields::response_format_of(grammar);
-    }
-    body
+        seed: Some(Number::from(s.seed as i64)),
+        presence_penalty: Some(s.presence_penalty),
+        frequency_penalty: Some(s.frequency_penalty),
+        repetition_penalty: Some(s.repetition_penalty),
+        stop: Some(r.stop.clone()),
+        stop_token_ids: Some(r.stop_ids.clone()),
+        ignore_eos: Some(r.ignore_eos),
+        skip_special_tokens: Some(r.skip_special_tokens),
+        return_token_ids: Some(true),
+        logit_bias: (!s.logit_bias.is_empty()).then(|| fields::logit_bias_json(&s.logit_bias)),
+        response_format: r.grammar.as_ref().map(fields::response_format_of),
+        ..RequestOptions::streamed()
+    };
+    CompletionRequest { prompt: Prompt::Tokens(r.prompt.clone()), logprobs: None, options }
 }
 
 /// An error with its causes: reqwest's own message says little ("error sending
@@ -165,6 +163,9 @@ struct StreamReader {
     parser: SseParser,
     ready: VecDeque<GenerationEvent>,
     emitted: usize,
+    /// Text of tokens already reported (a held-back stop-string prefix released at
+    /// the end): it rides with the next token, or with the finish.
+    unclaimed_text: String,
     finish: Option<FinishReason>,
     done: bool,
 }
@@ -179,6 +180,7 @@ impl StreamReader {
             parser: SseParser::default(),
             ready: VecDeque::new(),
             emitted: 0,
+            unclaimed_text: String::new(),
             finish: None,
             done: false,
         }
@@ -231,9 +233,9 @@ impl StreamReader {
         match event {
             // The usage chunk normally finishes first; a server that sends none ends here.
             SseEvent::Done => self.finished(self.prompt_tokens, self.emitted),
-            SseEvent::Data(data) => match serde_json::from_str::<Value>(&data) {
-                Ok(chunk) => self.chunk(&chunk),
-                Err(e) => self.fail(format!("upstream {} sent bad JSON: {e}", self.base)),
+            SseEvent::Data(data) => match serde_json::from_str::<Completion>(&data) {
+                Ok(chunk) => self.chunk(chunk),
+                Err(e) => self.fail(format!("upstream {} sent a malformed chunk ({e}): {}", self.base, excerpt(&data))),
             },
         }
     }
@@ -251,38 +253,51 @@ impl StreamReader {
         let usage =
             Usage { prompt_tokens, completion_tokens, tokens_per_model: vec![completion_tokens], ..Usage::default() };
         let reason = self.finish.unwrap_or(FinishReason::Length);
-        self.ready.push_back(GenerationEvent::Finished { reason, usage, text: String::new(), stop: None });
+        let text = std::mem::take(&mut self.unclaimed_text);
+        self.ready.push_back(GenerationEvent::Finished { reason, usage, text, stop: None });
         self.done = true;
     }
 
-    fn chunk(&mut self, chunk: &Value) {
-        if let Some(message) = chunk["error"]["message"].as_str() {
-            return self.fail(format!("upstream {}: {message}", self.base));
+    fn chunk(&mut self, chunk: Completion) {
+        if let Some(error) = chunk.error {
+            return self.fail(format!("upstream {}: {}", self.base, error.message()));
         }
-        if let Some(choice) = chunk["choices"].get(0) {
-            let text = choice["text"].as_str().unwrap_or_default().to_string();
-            let ids: Vec<u32> = choice["token_ids"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect())
-                .unwrap_or_default();
-            self.tokens(&ids, text);
-            self.finish = match choice["finish_reason"].as_str() {
-                Some("length") => Some(FinishReason::Length),
-                Some(_) => Some(FinishReason::Stop),
-                None => self.finish,
-            };
+        if let Some(choice) = chunk.choices.into_iter().next() {
+            if let Err(message) = self.choice(choice) {
+                return self.fail(message);
+            }
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            let count = |k: &str| usage[k].as_u64().unwrap_or(0) as usize;
-            self.finished(count("prompt_tokens"), count("completion_tokens"));
+        if let Some(usage) = chunk.usage {
+            self.finished(usage.prompt_tokens as usize, usage.completion_tokens as usize);
         }
     }
 
-    /// One event per token id, the chunk's text on the last (or one event for the text).
+    fn choice(&mut self, choice: Choice) -> Result<(), String> {
+        let text = choice.text().to_string();
+        match choice.token_ids {
+            Some(ids) => self.tokens(&ids, text),
+            None if text.is_empty() => {}
+            None => {
+                return Err(format!(
+                    "upstream {} sent text without token_ids (it must honour vLLM's return_token_ids): {text:?}",
+                    self.base
+                ))
+            }
+        }
+        self.finish = match choice.finish_reason.as_deref() {
+            Some("length") => Some(FinishReason::Length),
+            Some(_) => Some(FinishReason::Stop),
+            None => self.finish,
+        };
+        Ok(())
+    }
+
+    /// One event per token id, the chunk's text on the last; text with no ids belongs
+    /// to tokens reported before, so it waits for the next token or the finish.
     fn tokens(&mut self, ids: &[u32], text: String) {
-        let ids = if ids.is_empty() && !text.is_empty() { &[0][..] } else { ids };
+        self.unclaimed_text.push_str(&text);
         for (i, &token) in ids.iter().enumerate() {
-            let text = if i + 1 == ids.len() { text.clone() } else { String::new() };
+            let text = if i + 1 == ids.len() { std::mem::take(&mut self.unclaimed_text) } else { String::new() };
             let index = self.emitted;
             self.emitted += 1;
             self.ready.push_back(GenerationEvent::Token {

@@ -157,3 +157,59 @@ fn timeouts_have_defaults_and_refuse_nonsense() {
     assert_eq!(keys, ["connect_s", "head_s"]);
     assert!(Upstream::new("http://127.0.0.1:1", bad).is_err());
 }
+
+#[tokio::test]
+async fn text_without_token_ids_fails_naming_the_upstream() {
+    let body = b"data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n".to_vec();
+    let url = scripted_server(vec![HEAD.to_vec(), body], Duration::ZERO);
+    let upstream = Upstream::new(&url, short_timeouts()).unwrap();
+    let events = collect(&upstream).await;
+    assert_eq!(texts(&events), "", "no token is invented: {events:?}");
+    match events.last() {
+        Some(GenerationEvent::Error { message, .. }) => {
+            assert!(message.contains(&url) && message.contains("without token_ids"), "{message}")
+        }
+        other => panic!("the stream must end with an error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn text_of_tokens_already_reported_rides_with_the_next_event() {
+    // A stop-string prefix held back, then released without new tokens: tokenrouter
+    // sends it with `token_ids: []`.
+    let body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[9]}]}\n\n\
+                data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[]}]}\n\n\
+                data: {\"choices\":[{\"text\":\"c\",\"token_ids\":[10]}]}\n\n\
+                data: {\"choices\":[{\"text\":\"d\",\"token_ids\":[]}]}\n\n\
+                data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
+    let url = scripted_server(vec![HEAD.to_vec(), body.as_bytes().to_vec()], Duration::ZERO);
+    let events = collect(&Upstream::new(&url, short_timeouts()).unwrap()).await;
+    let tokens: Vec<(u32, &str)> = events
+        .iter()
+        .filter_map(|e| {
+            if let GenerationEvent::Token { token, text, .. } = e {
+                Some((*token, text.as_str()))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(tokens, [(9, "a"), (10, "bc")]);
+    match events.last() {
+        Some(GenerationEvent::Finished { text, usage, .. }) => {
+            assert_eq!((text.as_str(), usage.completion_tokens), ("d", 2))
+        }
+        other => panic!("the stream must finish: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_chunk_ends_the_stream_with_an_error() {
+    let body = b"data: {\"choices\":[{\"text\":5,\"token_ids\":[1]}]}\n\ndata: [DONE]\n\n".to_vec();
+    let url = scripted_server(vec![HEAD.to_vec(), body], Duration::ZERO);
+    let events = collect(&Upstream::new(&url, short_timeouts()).unwrap()).await;
+    match events.last() {
+        Some(GenerationEvent::Error { message, .. }) => assert!(message.contains("malformed chunk"), "{message}"),
+        other => panic!("the stream must end with an error: {other:?}"),
+    }
+}

@@ -3,9 +3,11 @@
 //! tokenrouter (`POST /v1/completions` with a token-id prompt, `max_tokens: 1`
 //! and vLLM's `return_token_ids`) and llama.cpp's `llama-server` (its native
 //! `POST /completion` with a token-id prompt, `n_predict: 1`, `return_tokens`).
+//! tokenrouter's side is core's `openai` types; llama.cpp's native reply is typed here.
 
-use serde::Serialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Number, Value};
+use tokenrouter_core::openai::{excerpt, Completion, CompletionRequest, Prompt, RequestOptions};
 
 /// The API a single-model server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -52,89 +54,111 @@ impl ServerKind {
     }
 
     pub fn body(self, step: &StepRequest<'_>) -> Value {
-        let mut body = match self {
-            ServerKind::Tokenrouter => json!({
-                "prompt": step.ids,
-                "max_tokens": 1,
-                "seed": step.seed,
-                "return_token_ids": true,
-            }),
-            ServerKind::LlamaCpp => json!({
-                "prompt": step.ids,
-                "n_predict": 1,
-                // llama.cpp seeds are 32-bit.
-                "seed": step.seed & 0xFFFF_FFFF,
-                "return_tokens": true,
-                // Reuse the slot's KV for the common prefix: the best llama.cpp can do
-                // for a sequence that grows by one token per call.
-                "cache_prompt": true,
-            }),
-        };
-        if step.ignore_eos {
-            body["ignore_eos"] = json!(true);
+        match self {
+            ServerKind::Tokenrouter => tokenrouter_body(step),
+            ServerKind::LlamaCpp => llama_cpp_body(step),
         }
-        if let Some(t) = step.temperature {
-            body["temperature"] = json!(t);
-        }
-        if step.top_logprobs > 0 {
-            let key = match self {
-                ServerKind::Tokenrouter => "logprobs",
-                ServerKind::LlamaCpp => "n_probs",
-            };
-            body[key] = json!(step.top_logprobs);
-        }
-        body
     }
 
     pub fn parse(self, reply: &Value) -> Result<StepReply, String> {
         let parsed = match self {
-            ServerKind::Tokenrouter => parse_tokenrouter(reply),
-            ServerKind::LlamaCpp => parse_llama_cpp(reply),
+            ServerKind::Tokenrouter => Completion::deserialize(reply).map(parse_tokenrouter),
+            ServerKind::LlamaCpp => LlamaCppReply::deserialize(reply).map(parse_llama_cpp),
         };
-        parsed.ok_or_else(|| format!("unexpected reply: {}", abbreviate(reply)))
+        match parsed {
+            Ok(Some(step)) => Ok(step),
+            Ok(None) => Err(format!("unexpected reply: {}", excerpt(&reply.to_string()))),
+            Err(e) => Err(format!("unexpected reply ({e}): {}", excerpt(&reply.to_string()))),
+        }
     }
 }
 
-fn parse_tokenrouter(reply: &Value) -> Option<StepReply> {
-    let choice = reply["choices"].get(0)?;
-    let ids = choice["token_ids"].as_array()?;
-    let top = choice["logprobs"]["top_logprobs"].get(0).and_then(Value::as_object);
-    let writers = reply["usage"]["tokens_per_model"].as_object();
-    Some(StepReply {
-        token: ids.first().and_then(as_u32),
-        top_logprobs: top.map(|m| m.values().filter_map(as_f32).collect()).unwrap_or_default(),
-        stopped: choice["finish_reason"] == "stop",
-        // The usage names the engine model that wrote the token.
-        model: writers.and_then(|m| m.iter().find(|(_, n)| n.as_u64() > Some(0)).map(|(name, _)| name.clone())),
-    })
+fn tokenrouter_body(step: &StepRequest<'_>) -> Value {
+    let options = RequestOptions {
+        max_tokens: Some(1),
+        seed: Some(Number::from(step.seed)),
+        return_token_ids: Some(true),
+        ignore_eos: step.ignore_eos.then_some(true),
+        temperature: step.temperature,
+        ..RequestOptions::default()
+    };
+    let logprobs = (step.top_logprobs > 0).then_some(step.top_logprobs);
+    let request = CompletionRequest { prompt: Prompt::Tokens(step.ids.to_vec()), logprobs, options };
+    // Cannot fail: every map in a request has string keys.
+    serde_json::to_value(request).expect("a request body is JSON")
 }
 
-fn parse_llama_cpp(reply: &Value) -> Option<StepReply> {
-    let ids = reply["tokens"].as_array()?;
-    let top = reply["completion_probabilities"].get(0).and_then(|p| p["top_logprobs"].as_array());
-    Some(StepReply {
-        token: ids.first().and_then(as_u32),
-        top_logprobs: top.map(|a| a.iter().filter_map(|e| as_f32(&e["logprob"])).collect()).unwrap_or_default(),
-        stopped: reply["stop_type"] == "eos" || reply["stop_type"] == "word",
-        model: reply["model"].as_str().map(str::to_string),
-    })
-}
-
-fn as_u32(v: &Value) -> Option<u32> {
-    v.as_u64().and_then(|n| u32::try_from(n).ok())
-}
-
-fn as_f32(v: &Value) -> Option<f32> {
-    v.as_f64().map(|x| x as f32)
-}
-
-/// A reply short enough for an error message.
-fn abbreviate(v: &Value) -> String {
-    let text = v.to_string();
-    match text.char_indices().nth(300) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
+/// llama.cpp's native request: not OpenAI's, so built here.
+fn llama_cpp_body(step: &StepRequest<'_>) -> Value {
+    let mut body = json!({
+        "prompt": step.ids,
+        "n_predict": 1,
+        // llama.cpp seeds are 32-bit.
+        "seed": step.seed & 0xFFFF_FFFF,
+        "return_tokens": true,
+        // Reuse the slot's KV for the common prefix: the best llama.cpp can do
+        // for a sequence that grows by one token per call.
+        "cache_prompt": true,
+    });
+    if step.ignore_eos {
+        body["ignore_eos"] = json!(true);
     }
+    if let Some(t) = step.temperature {
+        body["temperature"] = json!(t);
+    }
+    if step.top_logprobs > 0 {
+        body["n_probs"] = json!(step.top_logprobs);
+    }
+    body
+}
+
+/// None when the reply lacks the token ids asked for.
+fn parse_tokenrouter(reply: Completion) -> Option<StepReply> {
+    let choice = reply.choices.into_iter().next()?;
+    let ids = choice.token_ids?;
+    let top = choice.logprobs.and_then(|l| l.top_logprobs.into_iter().next()).flatten();
+    // The usage names the engine model that wrote the token.
+    let writers = reply.usage.map(|u| u.tokens_per_model).unwrap_or_default();
+    Some(StepReply {
+        token: ids.first().copied(),
+        top_logprobs: top.map(|m| m.into_values().flatten().collect()).unwrap_or_default(),
+        stopped: choice.finish_reason.as_deref() == Some("stop"),
+        model: writers.into_iter().find(|&(_, n)| n > 0).map(|(name, _)| name),
+    })
+}
+
+/// What this client reads of llama-server's native `/completion` reply.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LlamaCppReply {
+    tokens: Option<Vec<u32>>,
+    completion_probabilities: Vec<LlamaCppProbabilities>,
+    stop_type: Option<String>,
+    model: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LlamaCppProbabilities {
+    top_logprobs: Vec<LlamaCppAlternative>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LlamaCppAlternative {
+    logprob: Option<f32>,
+}
+
+/// None when the reply lacks the token ids asked for.
+fn parse_llama_cpp(reply: LlamaCppReply) -> Option<StepReply> {
+    let ids = reply.tokens?;
+    let top = reply.completion_probabilities.into_iter().next().map(|p| p.top_logprobs).unwrap_or_default();
+    Some(StepReply {
+        token: ids.first().copied(),
+        top_logprobs: top.into_iter().filter_map(|e| e.logprob).collect(),
+        stopped: matches!(reply.stop_type.as_deref(), Some("eos" | "word")),
+        model: reply.model,
+    })
 }
 
 #[cfg(test)]
