@@ -12,8 +12,10 @@ use tokenrouter::actors::{Engine, EngineConfig, GenerateRequest, GenerationEvent
 use tokenrouter::core::model::init::{write_random_model, InitOptions};
 use tokenrouter::core::model::presets::preset;
 use tokenrouter::core::model::LoadOptions;
+use tokenrouter::core::openai::Completion;
 use tokenrouter::core::policy::{self, ModelInfo, PolicyContext};
 use tokenrouter::core::sched::BatchingRule;
+use tokenrouter::core::sse::{SseEvent, SseParser};
 use tokenrouter::http::{self, AppState, DefaultPolicyOnly};
 
 fn arg(name: &str, default: usize) -> usize {
@@ -70,16 +72,13 @@ async fn over_http(url: String, clients: usize, requests: usize, tokens: usize) 
                     });
                     let response = client.post(&url).json(&body).send().await.unwrap();
                     let mut stream = response.bytes_stream();
-                    let mut buffer = String::new();
+                    let mut parser = SseParser::default();
                     while let Some(chunk) = stream.next().await {
-                        buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-                        while let Some(end) = buffer.find("\n\n") {
-                            let event: String = buffer.drain(..end + 2).collect();
+                        for event in parser.push(&chunk.unwrap()) {
                             // Tokens are counted from the usage chunk: text chunks may merge tokens.
-                            let data = event.trim().strip_prefix("data: ").unwrap_or("");
-                            if let Ok(v) = serde_json::from_str::<serde_json::Value>(data) {
-                                n += v["usage"]["completion_tokens"].as_u64().unwrap_or(0) as usize;
-                            }
+                            let SseEvent::Data(data) = event else { continue };
+                            let chunk: Completion = serde_json::from_str(&data).expect("a well-formed chunk");
+                            n += chunk.usage.map_or(0, |u| u.completion_tokens as usize);
                         }
                     }
                 }
