@@ -143,7 +143,7 @@ impl From<Vec<f64>> for Samples {
     }
 }
 
-/// The engine still hands its recent first-token times over as `f32` seconds.
+/// Times kept as `f32` seconds.
 impl From<Vec<f32>> for Samples {
     fn from(values: Vec<f32>) -> Self {
         values.into_iter().map(f64::from).collect()
