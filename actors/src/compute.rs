@@ -53,6 +53,9 @@ pub(crate) fn spawn(
     let handle = std::thread::Builder::new()
         .name(format!("compute-{}", spec.name))
         .spawn(move || {
+            // Models that take turns on shared cores also load and profile in turn: a
+            // start-up profile timed while the other model loads reads several times slow.
+            let loading_turn = links.turn.as_deref().map(|turn| turn.lock());
             let backend = match load_backend(&spec.path, &spec.load) {
                 Ok(b) => b,
                 Err(e) => {
@@ -63,11 +66,12 @@ pub(crate) fn spawn(
             };
             let mut backend = backend;
             let pool = own_pool(spec.load.threads);
-            let mut measure = || startup_step_cost(backend.as_mut(), &spec, links.turn.as_deref());
+            let mut measure = || startup_step_cost(backend.as_mut(), &spec);
             let step_cost = match &pool {
                 Some(pool) => pool.install(measure),
                 None => measure(),
             };
+            drop(loading_turn);
             let _ = loaded_tx.send(Ok(Loaded {
                 config: backend.config().clone(),
                 capacity: backend.kv_capacity(),
@@ -87,17 +91,13 @@ pub(crate) fn spawn(
 }
 
 /// The planner's start-up cost of this model by tokens fed: saved, or measured here
-/// (taking the compute turn, so that models sharing cores do not time each other).
-fn startup_step_cost(
-    backend: &mut dyn Backend,
-    spec: &ModelSpec,
-    turn: Option<&parking_lot::Mutex<()>>,
-) -> Option<LatencyTable> {
+/// (under the compute turn its caller holds, so that models sharing cores do not time
+/// each other).
+fn startup_step_cost(backend: &mut dyn Backend, spec: &ModelSpec) -> Option<LatencyTable> {
     let points = match &spec.load.step_cost {
         StepCostSource::None => return None,
         StepCostSource::Saved(points) => points.clone(),
         StepCostSource::Measure { max_rows, max_tokens } => {
-            let _turn = turn.map(|t| t.lock());
             let started = Instant::now();
             match profile::step_cost_points(backend, *max_rows, *max_tokens, profile::STARTUP_PROFILE_MAX_STEP) {
                 Ok(points) => {
