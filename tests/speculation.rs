@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::http_support::{spawn_serve, ServeProcess};
+use crate::http_support::{spawn_serve, ServeProcess, Setup, TestServer};
 
 const EDIT: &str = "Here is a Python function:\n\n```python\ndef total_price(items, tax_rate):\n    subtotal = 0\n    for item in items:\n        subtotal += item.price * item.quantity\n    return subtotal * (1 + tax_rate)\n```\n\nRepeat the function exactly, renamed to compute_total.";
 
@@ -179,6 +179,7 @@ fn bad_speculative_fields_are_refused_by_name() {
     let server = serve(&gguf, "candle", dir.path());
     for (extra, param) in [
         (json!({ "speculative": { "method": "medusa" } }), "speculative.method"),
+        (json!({ "speculative": { "method": "draft" } }), "speculative.method"),
         (json!({ "speculative": { "method": "ngram", "max_tokens": 0 } }), "speculative.max_tokens"),
         (json!({ "speculative": { "method": "ngram", "depth": 3 } }), "speculative"),
         (json!({ "prediction": { "type": "content" } }), "prediction.content"),
@@ -191,4 +192,33 @@ fn bad_speculative_fields_are_refused_by_name() {
         let got = error["error"]["param"].as_str().unwrap_or_default();
         assert!(got.starts_with(param), "{extra}: param {got:?} in {error}");
     }
+}
+
+/// `speculative: {method: draft}` over HTTP, on a pair whose small model is the large
+/// one's twin (the same weights) and a policy that keeps every request on the large
+/// model: the small model's rounds are kept, greedy and seeded, the text is the large
+/// model's alone, usage and the trace report the kept tokens, and all K/V comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_model_over_http_changes_nothing_and_its_rounds_are_kept() {
+    let setup = Setup { policy: ("always".into(), json!({ "model": "large" })), seed_step: 0, ..Setup::default() };
+    let Some(server) = TestServer::start_setup(setup, futures::future::pending()).await else { return };
+    for sampling in [json!({ "temperature": 0 }), json!({ "temperature": 0.8, "seed": 5 })] {
+        let mut plain = crate::http_support::chat("Name three rivers.", 24, 3);
+        plain.as_object_mut().unwrap().extend(sampling.as_object().unwrap().clone());
+        plain["routing"] = json!({ "trace": true });
+        let mut drafted = plain.clone();
+        drafted["speculative"] = json!({ "method": "draft", "max_tokens": 6 });
+        let (status, want) = server.post_json("/v1/chat/completions", &plain).await;
+        assert_eq!(status, 200, "{want}");
+        let (status, got) = server.post_json("/v1/chat/completions", &drafted).await;
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(got["choices"][0]["routing_trace"], want["choices"][0]["routing_trace"], "{sampling}");
+        assert_eq!(text(&got), text(&want), "{sampling}");
+        let usage = &got["usage"]["speculation"];
+        let accepted = usage["accepted_tokens"].as_u64().unwrap();
+        assert!(accepted >= 12, "{sampling}: a twin's rounds are kept: {usage}");
+        assert_eq!(drafted_marks(&got), accepted as usize, "{sampling}: the trace marks each kept token");
+    }
+    server.wait_all_kv_free().await;
+    server.stop().await;
 }

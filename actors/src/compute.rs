@@ -490,7 +490,8 @@ impl ComputeLoop {
         metrics::histogram!("tokenrouter_batch_rows", "model" => model.clone()).record(outcome.rows as f64);
         metrics::counter!("tokenrouter_tokens_fed_total", "model" => model.clone())
             .increment(outcome.tokens_fed as u64);
-        for (to, _) in &outcome.handoffs {
+        // A draft model's legs are speculation, counted below, not routing.
+        for (to, _) in outcome.handoffs.iter().filter(|(_, arrival)| arrival.draft.is_none()) {
             let peer = self.links.model_names.get(*to).cloned().unwrap_or_default();
             metrics::counter!("tokenrouter_handoffs_total", "from" => model.clone(), "to" => peer).increment(1);
         }
@@ -510,6 +511,14 @@ impl ComputeLoop {
                 .absolute(st.accepted_draft_tokens);
             metrics::gauge!("tokenrouter_spec_acceptance_rate", "model" => model.clone())
                 .set(st.accepted_draft_tokens as f64 / st.drafted_tokens.max(1) as f64);
+        }
+        if st.draft_rounds > 0 {
+            metrics::counter!("tokenrouter_spec_draft_rounds_total", "model" => model.clone())
+                .absolute(st.draft_rounds);
+        }
+        if st.drafts_sampled > 0 {
+            metrics::counter!("tokenrouter_spec_drafts_sampled_total", "model" => model.clone())
+                .absolute(st.drafts_sampled);
         }
         let decided = st.tokens_committed + st.handoffs_out;
         if decided > 0 {

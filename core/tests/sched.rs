@@ -1,6 +1,8 @@
 //! Subservers driven by hand, without threads: batched, routed serving reproduces the
 //! sequential reference token for token, and every KV block comes back.
 
+#[path = "sched/draft_model.rs"]
+mod draft_model;
 mod kernel_paths;
 #[path = "sched/speculation.rs"]
 mod speculation;
@@ -150,7 +152,8 @@ fn serve_with_faults(
                     let output: Vec<u32> =
                         outputs.get(&lost.spec.id).map(|o| o.iter().map(|t| t.0).collect()).unwrap_or_default();
                     assert_eq!(output.len(), lost.output_len, "request {}", lost.spec.id);
-                    subs[i].arrive(rebuild(lost.spec.clone(), &output, lost.travel, i)).unwrap();
+                    let model = lost.resume_model(i);
+                    subs[model].arrive(rebuild(lost.spec.clone(), &output, lost.travel, model)).unwrap();
                     resumed += 1;
                 }
                 continue;

@@ -444,8 +444,13 @@ fn speculation_settings_reach_every_model_and_bad_ones_are_refused_by_key() {
     let default = config.scheduler.speculative.as_ref().unwrap().speculation().unwrap();
     assert_eq!((default.method, default.max_tokens), (Some(tokenrouter_core::spec::SpeculationMethod::Suffix), 8));
     assert_eq!(config.step_limits().drafting, tokenrouter_core::spec::DraftingConfig::default());
+    let config = parse(&format!("{PAIR}scheduler: {{speculative: {{method: draft, max_tokens: 5}}}}\n")).unwrap();
+    let default = config.scheduler.speculative.as_ref().unwrap().speculation().unwrap();
+    assert_eq!((default.method, default.max_tokens), (Some(tokenrouter_core::spec::SpeculationMethod::Draft), 5));
+    let alone = refused("models:\n  - name: only\n    preset: tiny\nscheduler: {speculative: {method: draft}}\n");
+    assert!(alone.to_string().contains("scheduler.speculative.method"), "{alone}");
+    assert!(refused(&format!("{PAIR}scheduler: {{speculative: {{method: medusa}}}}\n")).to_string().contains("medusa"));
     for (yaml, key) in [
-        ("{method: draft}", "speculative.method"),
         ("{step_cost: {fixed_ms: -1, per_token_ms: 0}}", "scheduler.speculative.step_cost.fixed_ms"),
         ("{step_cost: {fixed_ms: 0, per_token_ms: 0}}", "scheduler.speculative.step_cost"),
         ("{step_cost: {fixed_ms: 1}}", "per_token_ms"),

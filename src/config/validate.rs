@@ -12,7 +12,7 @@ use tokenrouter_core::model::attention::MAX_BLOCK_SIZE;
 use tokenrouter_core::policy::POLICY_NAMES;
 use tokenrouter_core::sched::batching::BatchingError;
 use tokenrouter_core::sched::{BatchingRule, Threshold};
-use tokenrouter_core::spec::MAX_DRAFT_TOKENS;
+use tokenrouter_core::spec::{SpeculationMethod, MAX_DRAFT_TOKENS};
 
 use super::error::{ConfigError, Problems};
 use super::hub::HubModel;
@@ -154,6 +154,9 @@ impl ServerConfig {
             p.absorb(e);
         }
         if let Some(spec) = &s.speculative {
+            if spec.method == Some(SpeculationMethod::Draft) && names.len() < 2 {
+                p.push("scheduler.speculative.method", "\"draft\" needs a draft model: the config has one model");
+            }
             if !(1..=MAX_DRAFT_TOKENS).contains(&spec.max_tokens) {
                 p.push(
                     "scheduler.speculative.max_tokens",

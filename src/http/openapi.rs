@@ -576,10 +576,11 @@ fn speculative() -> Value {
         "description": "Speculative decoding (a tokenrouter extension): drafted tokens the model verifies in one step; \
             the output is the model's own token for token. Absent: the server's `scheduler.speculative`.",
         "properties": {
-            "method": { "type": "string", "enum": ["suffix", "ngram", "none"],
+            "method": { "type": "string", "enum": ["suffix", "ngram", "draft", "none"],
                 "description": "`suffix`: the continuation that most often followed the text's tail, in the prompt and output \
                     and in the model's recent outputs; `ngram`: continuations of earlier occurrences of the text's tail in \
-                    the prompt and output; `none`: off for this request." },
+                    the prompt and output; `draft`: the server's first (smallest) model samples the next tokens for the \
+                    model the request is on, which verifies them (needs two models or more); `none`: off for this request." },
             "max_tokens": { "type": "integer", "minimum": 1, "maximum": MAX_DRAFT_TOKENS,
                 "description": "Most tokens drafted per step (the most; drafts follow the match length and their record)." },
         },

@@ -32,6 +32,10 @@ pub async fn speculation_of(
             Some(name.parse::<SpeculationMethod>().map_err(|m| ApiError::bad_request(m, Some("speculative.method")))?)
         }
     };
+    if method == Some(SpeculationMethod::Draft) && state.engine.model_names().len() < 2 {
+        let m = "speculative method \"draft\" needs a draft model: this server serves one model";
+        return Err(ApiError::bad_request(m, Some("speculative.method")));
+    }
     let max_tokens = match speculative.and_then(|s| s.max_tokens) {
         Some(k) if (1..=MAX_DRAFT_TOKENS as u64).contains(&k) => k as usize,
         Some(k) => {

@@ -52,6 +52,8 @@ pub fn test_limits() -> Limits {
 pub struct Setup {
     pub names: Vec<String>,
     pub first_seed: u64,
+    /// Seed of model i: `first_seed + i * seed_step` (0: every model the same weights).
+    pub seed_step: u64,
     pub policy: (String, Value),
     pub limits: Limits,
     pub keys: Vec<String>,
@@ -67,6 +69,7 @@ impl Default for Setup {
         Setup {
             names: vec!["small".into(), "large".into()],
             first_seed: 11,
+            seed_step: 1,
             policy: ("random".into(), json!({ "p": 0.5 })),
             limits: test_limits(),
             keys: Vec::new(),
@@ -134,7 +137,7 @@ impl TestServer {
         let mut specs = Vec::new();
         for (i, name) in setup.names.iter().enumerate() {
             let dir = TempDir::new().unwrap();
-            let init = InitOptions { seed: setup.first_seed + i as u64, std: 0.1 };
+            let init = InitOptions { seed: setup.first_seed + i as u64 * setup.seed_step, std: 0.1 };
             write_random_model(&config, &init, dir.path()).unwrap();
             copy_tokenizer(&tokenizer, dir.path()).unwrap();
             let load = LoadOptions {

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokenrouter_core::sched::{Arrival, RequestEvent, RequestId, RequestSpec, Travel};
+use tokenrouter_core::sched::{Arrival, DraftLeg, RequestEvent, RequestId, RequestSpec, Travel};
 
 use super::wire::{WireArrival, WireSpec};
 
@@ -25,6 +25,8 @@ struct Held {
     on_node: bool,
     /// The node in this session has the spec and a prefix of `tokens`.
     known: bool,
+    /// The leg of draft-model speculation it is on, sent again if it must be resent.
+    draft: Option<DraftLeg>,
 }
 
 #[derive(Default)]
@@ -44,6 +46,7 @@ impl FrontLedger {
             travel: arrival.travel.clone(),
             on_node: false,
             known: false,
+            draft: None,
         });
         if arrival.start > held.tokens.len() {
             return Err(format!("request {id}: the front lost track of its tokens before position {}", arrival.start));
@@ -53,9 +56,10 @@ impl FrontLedger {
         held.output_len = arrival.output_len;
         held.travel = arrival.travel;
         held.on_node = true;
+        held.draft = arrival.draft.clone();
         let first_visit = !std::mem::replace(&mut held.known, true);
         Ok(match first_visit {
-            true => full_arrival(id, held, spec),
+            true => full_arrival(id, held, spec, arrival.draft),
             false => WireArrival {
                 id,
                 spec: None,
@@ -64,6 +68,7 @@ impl FrontLedger {
                 output_len: held.output_len,
                 policy_state: held.travel.policy_state.clone(),
                 seen: held.travel.seen.clone(),
+                draft: arrival.draft,
             },
         })
     }
@@ -100,7 +105,14 @@ impl FrontLedger {
         held.on_node = false;
         let travel = Travel { policy_state: w.policy_state, seen: w.seen };
         held.travel = travel.clone();
-        Ok(Arrival { spec: held.spec.clone(), suffix: w.suffix, start: w.start, output_len: w.output_len, travel })
+        Ok(Arrival {
+            spec: held.spec.clone(),
+            suffix: w.suffix,
+            start: w.start,
+            output_len: w.output_len,
+            travel,
+            draft: w.draft,
+        })
     }
 
     pub fn release(&mut self, id: RequestId) {
@@ -133,7 +145,7 @@ impl FrontLedger {
         let held = self.held.get_mut(&id).ok_or_else(|| format!("request {id} is unknown to the front"))?;
         let spec = wire_spec(&held.spec)?;
         held.known = true;
-        Ok(full_arrival(id, held, spec))
+        Ok(full_arrival(id, held, spec, held.draft.clone()))
     }
 
     /// Forgets a request that will not run on this node (it ends with an error).
@@ -142,7 +154,7 @@ impl FrontLedger {
     }
 }
 
-fn full_arrival(id: RequestId, held: &Held, spec: WireSpec) -> WireArrival {
+fn full_arrival(id: RequestId, held: &Held, spec: WireSpec, draft: Option<DraftLeg>) -> WireArrival {
     WireArrival {
         id,
         spec: Some(spec),
@@ -151,6 +163,7 @@ fn full_arrival(id: RequestId, held: &Held, spec: WireSpec) -> WireArrival {
         output_len: held.output_len,
         policy_state: held.travel.policy_state.clone(),
         seen: held.travel.seen.clone(),
+        draft,
     }
 }
 

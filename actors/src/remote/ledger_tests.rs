@@ -33,6 +33,7 @@ fn arrival(spec: &Arc<RequestSpec>, start: usize, suffix: &[u32], output_len: us
             policy_state: PolicyState { seed: 5, ..Default::default() },
             seen: vec![start + suffix.len(), start],
         },
+        draft: None,
     }
 }
 
@@ -95,6 +96,7 @@ fn the_node_rebuilds_the_request_and_its_policy_once() {
         output_len: 0,
         policy_state: Default::default(),
         seen: vec![],
+        draft: None,
     };
     assert!(book.incoming(unknown).unwrap_err().contains("never saw it"));
     book.release(3);

@@ -35,7 +35,7 @@ impl NodeBook {
             })?,
         };
         let travel = Travel { policy_state: w.policy_state, seen: w.seen };
-        Ok(Arrival { spec, suffix: w.suffix, start: w.start, output_len: w.output_len, travel })
+        Ok(Arrival { spec, suffix: w.suffix, start: w.start, output_len: w.output_len, travel, draft: w.draft })
     }
 
     /// A request leaving the node's model: everything but the spec, which the front has.
@@ -48,6 +48,7 @@ impl NodeBook {
             output_len: arrival.output_len,
             policy_state: arrival.travel.policy_state,
             seen: arrival.travel.seen,
+            draft: arrival.draft,
         }
     }
 

@@ -14,14 +14,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::policy::{PolicyDescriptor, PolicyState};
-use tokenrouter_core::sched::{BatchingRule, RequestEvent, RequestId, SubserverConfig};
+use tokenrouter_core::sched::{BatchingRule, DraftLeg, RequestEvent, RequestId, SubserverConfig};
 use tokenrouter_core::spec::Speculation;
 
 #[path = "wire_mirrors.rs"]
 mod mirrors;
 
 /// Bumped on any change of the encoding; both ends must agree.
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 const MAGIC: [u8; 2] = *b"TR";
 /// Magic and version; the frame's kind is the first byte after it.
 const HEADER_LEN: usize = MAGIC.len() + 1;
@@ -64,6 +64,7 @@ pub struct WireArrival {
     pub policy_state: PolicyState,
     pub seen: Vec<usize>,
     pub spec: Option<WireSpec>,
+    pub draft: Option<DraftLeg>,
 }
 
 /// The front's greeting: who it is and what it asks the node to serve.

@@ -63,6 +63,7 @@ enum DraftSourceDef {
     Prediction,
     Ngram,
     Suffix,
+    Draft,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -1,6 +1,6 @@
 use super::*;
 use tokenrouter_core::sched::batching::Threshold;
-use tokenrouter_core::sched::FinishReason;
+use tokenrouter_core::sched::{DraftLeg, FinishReason};
 use tokenrouter_core::spec::{DraftSource, SpeculationMethod};
 
 fn arrival(spec: bool) -> WireArrival {
@@ -30,6 +30,10 @@ fn arrival(spec: bool) -> WireArrival {
         output_len: 1,
         policy_state: PolicyState { seed: u64::MAX, counters: vec![0, 3], values: vec![0.5, -1.25] },
         seen: vec![4, 0],
+        draft: Some(match spec {
+            true => DraftLeg::Ask { target: 1, tokens: 5 },
+            false => DraftLeg::Answer { tokens: vec![3, 151_935] },
+        }),
     }
 }
 
@@ -108,6 +112,7 @@ fn a_decode_step_costs_a_few_bytes() {
     let mut back = arrival(false);
     back.suffix = vec![151_000];
     back.start = 700;
+    back.draft = None;
     assert!(Frame::Arrive { model: 1, arrival: back }.encode().len() <= 40);
 }
 

@@ -10,6 +10,6 @@ pub mod stats;
 pub mod subserver;
 
 pub use batching::{BatchingRule, Threshold};
-pub use request::{rebuild, Arrival, Checkpoint, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
+pub use request::{rebuild, Arrival, Checkpoint, DraftLeg, FinishReason, RequestEvent, RequestId, RequestSpec, Travel};
 pub use stats::SubserverStats;
 pub use subserver::{ArrivalError, FaultPoint, StepOutcome, Subserver, SubserverConfig};

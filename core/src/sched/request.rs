@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::constrain::{Next, TokenConstraint, TokenMask};
 use crate::model::sampler::SamplingParams;
 use crate::policy::{ModelIndex, Policy, PolicyState};
-use crate::spec::{DraftSource, Speculation};
+use crate::spec::{DraftSource, Speculation, SpeculationMethod};
 
 pub type RequestId = u64;
 
@@ -59,6 +59,19 @@ pub struct Arrival {
     pub start: usize,
     pub output_len: usize,
     pub travel: Travel,
+    /// Set on the legs of speculative decoding with a draft model.
+    pub draft: Option<DraftLeg>,
+}
+
+/// A request's trip for speculative decoding with a draft model: to the draft model
+/// and back, its committed tokens unchanged; the request stays pending on its target.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub enum DraftLeg {
+    /// To the draft model: sample up to `tokens` tokens after the committed ones, then
+    /// return to `target` with them.
+    Ask { target: ModelIndex, tokens: usize },
+    /// Back to the target: what the draft model sampled, for the target to verify.
+    Answer { tokens: Vec<u32> },
 }
 
 impl Arrival {
@@ -173,15 +186,37 @@ pub struct Checkpoint {
     pub spec: Arc<RequestSpec>,
     pub output_len: usize,
     pub travel: Travel,
+    /// The model the request was drafting for, where it resumes (a draft model only
+    /// drafts; the request's own tokens come from its target).
+    pub drafting_for: Option<ModelIndex>,
 }
 
 impl Checkpoint {
     pub fn of_arrival(arrival: &Arrival) -> Self {
-        Checkpoint { spec: arrival.spec.clone(), output_len: arrival.output_len, travel: arrival.travel.clone() }
+        let drafting_for = match arrival.draft {
+            Some(DraftLeg::Ask { target, .. }) => Some(target),
+            _ => None,
+        };
+        Checkpoint {
+            spec: arrival.spec.clone(),
+            output_len: arrival.output_len,
+            travel: arrival.travel.clone(),
+            drafting_for,
+        }
     }
 
-    /// The event that asks the request's owner to resume it on `model`.
-    pub fn resume_event(self, model: ModelIndex) -> RequestEvent {
+    /// Where a request lost on `lost_on` resumes.
+    pub fn resume_model(&self, lost_on: ModelIndex) -> ModelIndex {
+        self.drafting_for.unwrap_or(lost_on)
+    }
+
+    /// The event that asks the request's owner to resume it (lost on `lost_on`, which
+    /// holds nothing of it now).
+    pub fn resume_event(mut self, lost_on: ModelIndex) -> RequestEvent {
+        let model = self.resume_model(lost_on);
+        if let Some(seen) = self.travel.seen.get_mut(lost_on) {
+            *seen = 0;
+        }
         RequestEvent::Resume { id: self.spec.id, model, output_len: self.output_len, travel: self.travel }
     }
 }
@@ -194,7 +229,7 @@ pub fn rebuild(spec: Arc<RequestSpec>, output: &[u32], mut travel: Travel, model
     if let Some(seen) = travel.seen.get_mut(model) {
         *seen = 0;
     }
-    Arrival { spec, suffix, start: 0, output_len: output.len(), travel }
+    Arrival { spec, suffix, start: 0, output_len: output.len(), travel, draft: None }
 }
 
 /// A new request's entry model (the policy's choice) and its first arrival there.
@@ -213,6 +248,7 @@ pub fn admit(spec: Arc<RequestSpec>, num_models: usize) -> (ModelIndex, Arrival)
         output_len: 0,
         travel: Travel { policy_state, seen: vec![0; num_models] },
         spec,
+        draft: None,
     };
     (entry, arrival)
 }
@@ -221,7 +257,17 @@ pub fn admit(spec: Arc<RequestSpec>, num_models: usize) -> (ModelIndex, Arrival)
 /// [`Policy::stays_on_entry_model`](crate::policy::Policy::stays_on_entry_model)):
 /// admission then reserves KV there alone.
 pub fn only_model(spec: &Arc<RequestSpec>, num_models: usize) -> Option<ModelIndex> {
+    let drafts_elsewhere = spec.speculation.as_ref().is_some_and(|s| s.method == Some(SpeculationMethod::Draft));
+    if drafts_elsewhere && num_models > 1 {
+        return None;
+    }
     spec.policy.stays_on_entry_model().then(|| admit(spec.clone(), num_models).0)
+}
+
+/// The model that drafts for `target` with method `draft`: the engine's first (its
+/// smallest), unless that is the target itself.
+pub fn draft_model(target: ModelIndex) -> Option<ModelIndex> {
+    (target > 0).then_some(0)
 }
 
 /// The logits the sampler draws from: the raw ones, unless a policy reserves a logit

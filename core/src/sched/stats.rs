@@ -23,6 +23,10 @@ pub struct SubserverStats {
     pub verify_rows: u64,
     pub drafted_tokens: u64,
     pub accepted_draft_tokens: u64,
+    /// Draft-model speculation: rounds this model asked of its draft model, and (on a
+    /// draft model) the guesses it sampled for others.
+    pub draft_rounds: u64,
+    pub drafts_sampled: u64,
     pub busy: Duration,
     /// Requests handed to each peer, by destination model.
     pub handoffs_to: Vec<u64>,
@@ -82,6 +86,8 @@ impl SubserverStats {
             verify_rows: self.verify_rows.saturating_sub(earlier.verify_rows),
             drafted_tokens: self.drafted_tokens.saturating_sub(earlier.drafted_tokens),
             accepted_draft_tokens: self.accepted_draft_tokens.saturating_sub(earlier.accepted_draft_tokens),
+            draft_rounds: self.draft_rounds.saturating_sub(earlier.draft_rounds),
+            drafts_sampled: self.drafts_sampled.saturating_sub(earlier.drafts_sampled),
             busy: self.busy.saturating_sub(earlier.busy),
             handoffs_to: minus(&self.handoffs_to, &earlier.handoffs_to),
             steps_by_rows: minus(&self.steps_by_rows, &earlier.steps_by_rows),
@@ -107,6 +113,8 @@ impl SubserverStats {
             verify_rows: self.verify_rows + other.verify_rows,
             drafted_tokens: self.drafted_tokens + other.drafted_tokens,
             accepted_draft_tokens: self.accepted_draft_tokens + other.accepted_draft_tokens,
+            draft_rounds: self.draft_rounds + other.draft_rounds,
+            drafts_sampled: self.drafts_sampled + other.drafts_sampled,
             busy: self.busy + other.busy,
             handoffs_to: plus(&self.handoffs_to, &other.handoffs_to),
             steps_by_rows: plus(&self.steps_by_rows, &other.steps_by_rows),

@@ -25,6 +25,8 @@ use super::request::{
 use super::resident::{Resident, Status};
 use super::stats::SubserverStats;
 
+#[path = "draft_model.rs"]
+mod draft_model;
 #[path = "verify.rs"]
 mod verify;
 
@@ -173,9 +175,13 @@ impl Subserver {
     /// see [`Checkpoint`]) and every other request keeps its record but recomputes
     /// its KV, since the cache the panic left cannot be trusted either.
     pub fn recover(&mut self) -> Vec<Checkpoint> {
-        let lost = std::mem::take(&mut self.in_flight);
-        for checkpoint in &lost {
+        let mut lost = std::mem::take(&mut self.in_flight);
+        for checkpoint in &mut lost {
             self.residents.remove(&checkpoint.spec.id);
+            // Nothing of it is held here now, wherever it resumes.
+            if let Some(seen) = checkpoint.travel.seen.get_mut(self.config.model) {
+                *seen = 0;
+            }
         }
         for resident in self.residents.values_mut() {
             resident.kv.clear();
@@ -252,8 +258,9 @@ impl Subserver {
                 if r.tokens.len() < arrival.start {
                     return Err(ArrivalError::MissingPrefix { id, start: arrival.start, held: r.tokens.len() });
                 }
+                // A draft model's legs are speculation, not routing.
+                self.stats.handoffs_in += u64::from(arrival.draft.is_none());
                 r.absorb(arrival, now);
-                self.stats.handoffs_in += 1;
             }
             None if arrival.start > 0 => {
                 return Err(ArrivalError::MissingPrefix { id, start: arrival.start, held: 0 });
@@ -367,7 +374,12 @@ impl Subserver {
                         continue;
                     }
                     let row = rows.pop().expect("one row");
-                    outcome.events.push(self.out_of_room(row.resident));
+                    if row.resident.drafting.is_some() {
+                        // Out of room for guesses: the target decides with what it has.
+                        self.return_draft(row.resident, &mut outcome);
+                    } else {
+                        outcome.events.push(self.out_of_room(row.resident));
+                    }
                     break None;
                 }
                 Err(e) => {
@@ -435,21 +447,25 @@ impl Subserver {
         step_rows: usize,
         cost: Option<&StepCost>,
     ) -> Option<Draft> {
-        if feed != 1 || r.behind() != 1 {
-            return None;
-        }
         let room = r
             .spec
             .max_tokens
             .saturating_sub(r.output_len + 1)
             .min(self.config.max_context.saturating_sub(r.tokens.len() + 1))
             .min(budget);
+        if r.incoming_draft.is_some() {
+            return self.model_draft(r, feed, room);
+        }
+        if r.drafting.is_some() {
+            // A draft model's own guesses are samples, never verified here.
+            return None;
+        }
+        if feed != 1 || r.behind() != 1 {
+            return None;
+        }
         let drafter = r.drafter.as_mut()?;
         let mut draft = drafter.propose(&r.tokens, r.spec.prompt.len(), room, self.suffix_cache.as_ref())?;
-        if let Some(grammar) = r.spec.constraint.as_deref() {
-            let valid = grammar.valid_prefix(&r.tokens[r.spec.prompt.len()..], &draft.tokens);
-            draft.tokens.truncate(valid);
-        }
+        keep_grammatical(r, &mut draft);
         if let Some(cost) = cost {
             let table = &self.keep_table;
             let chance = |i: usize| table.chance(draft.match_len + i - 1);
@@ -523,7 +539,8 @@ impl Subserver {
             next_output += outputs;
             let mut r = row.resident;
             // Only committed tokens are sealed: a draft's positions lie past them.
-            r.kv.seal_full_blocks(&r.tokens);
+            let committed = r.committed_len();
+            r.kv.seal_full_blocks(&r.tokens[..committed]);
             if let Some(draft) = row.draft {
                 self.verify(r, draft, first_output, out, outcome);
                 continue;
@@ -540,6 +557,11 @@ impl Subserver {
         for ((i, r), verdict) in to_sample.into_iter().zip(verdicts) {
             let mask = match verdict {
                 Constrained::Sample(mask) => mask,
+                // The grammar ends the output here: the target decides that, not a draft.
+                _ if r.drafting.is_some() => {
+                    self.return_draft(r, outcome);
+                    continue;
+                }
                 Constrained::Complete => {
                     outcome.events.push(RequestEvent::Finished { id: r.spec.id, reason: FinishReason::Stop });
                     continue; // dropping the resident frees its KV here
@@ -551,6 +573,11 @@ impl Subserver {
             };
             let sampled = self.sample(&r, out.row_logits(i), mask.as_ref());
             complete.push((i, r, sampled));
+        }
+        let (drafting, mut complete): (Vec<_>, Vec<_>) =
+            complete.into_iter().partition(|(_, r, _)| r.drafting.is_some());
+        for (_, r, sampled) in drafting {
+            self.extend_draft(r, sampled.token, outcome);
         }
         let decisions = self.route(&mut complete, out);
         for ((_, r, sampled), decision) in complete.into_iter().zip(decisions) {
@@ -571,7 +598,7 @@ impl Subserver {
         let reserved = r.spec.policy.reserved_logit(self.config.model);
         let mut scratch = Vec::new();
         let logits = sampling_logits(&raw[..self.config.shared_vocab], reserved, &r.spec.sampling, mask, &mut scratch);
-        self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.output_len as u64)
+        self.sampler.sample(logits, &r.spec.sampling, &r.counts, r.next_index() as u64)
     }
 
     /// Asks each request's policy, one call per policy over its rows.
@@ -649,7 +676,10 @@ impl Subserver {
                     cache.add(&r.tokens[r.spec.prompt.len().min(r.tokens.len())..]);
                 }
             }
-            After::Stay => self.put_back_ready(r, false),
+            After::Stay => match self.draft_round(&mut r) {
+                Some((drafter, tokens)) => self.send_to_draft(r, drafter, tokens, outcome),
+                None => self.put_back_ready(r, false),
+            },
             After::Moves(to) => {
                 outcome.events.push(RequestEvent::Moved { id: r.spec.id, from: me, to });
                 outcome.handoffs.push((to, self.depart(&mut r, to)));
@@ -658,25 +688,32 @@ impl Subserver {
                     self.stats.handoffs_to.resize(self.config.num_models.max(to + 1), 0);
                 }
                 self.stats.handoffs_to[to] += 1;
-                self.pending_clock += 1;
-                r.status = Status::Pending;
-                r.pending_since = self.pending_clock;
-                self.residents.insert(r.spec.id, r);
+                self.keep_pending(r);
             }
         }
     }
 
-    /// What the peer `to` needs: the tokens it has not seen, and the travel state.
+    /// What the peer `to` needs: the committed tokens it has not seen, and the travel state.
     fn depart(&self, r: &mut Resident, to: ModelIndex) -> Arrival {
-        r.travel.seen[self.config.model] = r.tokens.len();
-        let start = r.travel.seen[to].min(r.tokens.len());
+        let committed = r.committed_len();
+        r.travel.seen[self.config.model] = committed;
+        let start = r.travel.seen[to].min(committed);
         Arrival {
             spec: r.spec.clone(),
-            suffix: r.tokens[start..].to_vec(),
+            suffix: r.tokens[start..committed].to_vec(),
             start,
             output_len: r.output_len,
             travel: Travel { policy_state: r.travel.policy_state.clone(), seen: r.travel.seen.clone() },
+            draft: None,
         }
+    }
+
+    /// Leaves `r` here pending (its K/V kept for its return).
+    fn keep_pending(&mut self, mut r: Resident) {
+        self.pending_clock += 1;
+        r.status = Status::Pending;
+        r.pending_since = self.pending_clock;
+        self.residents.insert(r.spec.id, r);
     }
 
     fn put_back_ready(&mut self, r: Resident, front: bool) {
@@ -714,6 +751,14 @@ fn grammar_verdicts(rows: &[(usize, Resident)]) -> Vec<Constrained> {
         rows.par_iter().map(verdict).collect()
     } else {
         rows.iter().map(verdict).collect()
+    }
+}
+
+/// Cuts a draft at its first guess the request's grammar does not allow.
+fn keep_grammatical(r: &Resident, draft: &mut Draft) {
+    if let Some(grammar) = r.spec.constraint.as_deref() {
+        let valid = grammar.valid_prefix(&r.tokens[r.spec.prompt.len()..], &draft.tokens);
+        draft.tokens.truncate(valid);
     }
 }
 

@@ -8,9 +8,9 @@
 
 use crate::model::ForwardOutput;
 use crate::policy::{Decision, RouteRow};
-use crate::spec::Draft;
+use crate::spec::{Draft, DraftSource};
 
-use super::super::request::{constrained, Constrained, FinishReason, RequestEvent};
+use super::super::request::{constrained, draft_model, Constrained, FinishReason, RequestEvent};
 use super::super::resident::Resident;
 use super::{After, StepOutcome, Subserver};
 
@@ -68,9 +68,19 @@ impl Subserver {
         };
         outcome.events.insert(marker, verdict);
         self.stats.record_verify(drafted, accepted);
-        self.keep_table.record(draft.match_len, drafted, accepted);
-        if let Some(drafter) = r.drafter.as_mut() {
-            drafter.record(draft.source, accepted);
+        if draft.source == DraftSource::Draft {
+            if let Some(d) = draft_model(self.config.model) {
+                // The draft model holds the kept guesses already: its next leg starts after them.
+                r.travel.seen[d] = fed_from + 1 + accepted;
+            }
+            if let Some(drafter) = r.drafter.as_mut() {
+                drafter.record_round(drafted, accepted);
+            }
+        } else {
+            self.keep_table.record(draft.match_len, drafted, accepted);
+            if let Some(drafter) = r.drafter.as_mut() {
+                drafter.record(draft.source, accepted);
+            }
         }
         // Positions past the accepted guesses hold K/V of tokens that were not kept.
         r.kv.truncate(fed_from + 1 + accepted);

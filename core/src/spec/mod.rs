@@ -23,6 +23,9 @@ pub enum SpeculationMethod {
     /// SuffixDecoding: the continuation that most often followed the sequence's tail,
     /// in its own prompt and output or in this model's recent outputs.
     Suffix,
+    /// A draft model: the engine's first (smallest) model samples the next tokens for
+    /// a larger one, which verifies them in one step (Leviathan et al. 2023).
+    Draft,
 }
 
 impl SpeculationMethod {
@@ -30,6 +33,7 @@ impl SpeculationMethod {
         match self {
             SpeculationMethod::Ngram => "ngram",
             SpeculationMethod::Suffix => "suffix",
+            SpeculationMethod::Draft => "draft",
         }
     }
 }
@@ -40,10 +44,8 @@ impl std::str::FromStr for SpeculationMethod {
         match s {
             "ngram" => Ok(SpeculationMethod::Ngram),
             "suffix" => Ok(SpeculationMethod::Suffix),
-            "draft" => Err(format!(
-                "speculative method {s:?} is not available in this build yet: use \"suffix\" or \"ngram\" (or a `prediction`)"
-            )),
-            other => Err(format!("speculative method {other:?} is not known: use \"suffix\" or \"ngram\"")),
+            "draft" => Ok(SpeculationMethod::Draft),
+            other => Err(format!("speculative method {other:?} is not known: use \"suffix\", \"ngram\" or \"draft\"")),
         }
     }
 }
@@ -89,6 +91,8 @@ pub enum DraftSource {
     Prediction,
     Ngram,
     Suffix,
+    /// Sampled by the draft model (see [`SpeculationMethod::Draft`]).
+    Draft,
 }
 
 impl DraftSource {
@@ -97,6 +101,7 @@ impl DraftSource {
             DraftSource::Prediction => "prediction",
             DraftSource::Ngram => "ngram",
             DraftSource::Suffix => "suffix",
+            DraftSource::Draft => "draft",
         }
     }
 }
@@ -165,11 +170,64 @@ pub struct Drafter {
     misses: usize,
     /// Where in the prediction the output is believed to be.
     prediction_cursor: usize,
+    /// Tokens the draft model's next round samples (method `draft`).
+    round: usize,
+    /// Draft-model rounds in a row that kept nothing; each doubles the tokens decoded
+    /// plainly before the next round, so a draft model that does not agree with the
+    /// target soon costs next to nothing.
+    round_misses: u32,
+    plain_left: usize,
 }
+
+/// At most this many tokens are decoded plainly between two draft-model rounds.
+const MAX_PLAIN_RUN: usize = 63;
+
+/// Tokens a draft model's first round samples, before any verdict.
+const FIRST_ROUND: usize = 4;
 
 impl Drafter {
     pub fn new(speculation: Speculation) -> Self {
-        Drafter { speculation, own: None, indexed: 0, misses: 0, prediction_cursor: 0 }
+        let round = FIRST_ROUND.min(speculation.max_tokens).max(1);
+        Drafter {
+            speculation,
+            own: None,
+            indexed: 0,
+            misses: 0,
+            prediction_cursor: 0,
+            round,
+            round_misses: 0,
+            plain_left: 0,
+        }
+    }
+
+    /// How many tokens the draft model samples next, when the request drafts with one
+    /// and its next token is not one to decode plainly (after rounds that kept nothing).
+    pub fn next_round(&mut self) -> Option<usize> {
+        if self.speculation.method != Some(SpeculationMethod::Draft) {
+            return None;
+        }
+        if self.plain_left > 0 {
+            self.plain_left -= 1;
+            return None;
+        }
+        Some(self.round)
+    }
+
+    /// A draft model's round of `drafted` tokens kept `accepted`: a round kept whole
+    /// asks two more next time, one that was cut short one fewer (as Hugging Face's
+    /// assisted generation schedules it), within the request's `max_tokens`.
+    /// A round that kept nothing also doubles the plain run before the next (1, 3, 7,
+    /// … up to [`MAX_PLAIN_RUN`] tokens); one that kept something ends the backoff.
+    pub fn record_round(&mut self, drafted: usize, accepted: usize) {
+        let limit = self.speculation.max_tokens.clamp(1, MAX_DRAFT_TOKENS);
+        self.round = if accepted >= drafted { self.round + 2 } else { self.round.saturating_sub(1) };
+        self.round = self.round.clamp(1, limit);
+        if accepted == 0 {
+            self.round_misses = (self.round_misses + 1).min(6);
+            self.plain_left = ((1usize << self.round_misses) - 1).min(MAX_PLAIN_RUN);
+        } else {
+            self.round_misses = 0;
+        }
     }
 
     /// The sequence now holds only its first `len` tokens (what follows may come back
@@ -203,6 +261,8 @@ impl Drafter {
         match self.speculation.method? {
             SpeculationMethod::Ngram => self.from_own_text(sequence, limit),
             SpeculationMethod::Suffix => self.from_suffixes(sequence, limit, recent),
+            // Its drafts arrive with the request, sampled on the draft model.
+            SpeculationMethod::Draft => None,
         }
     }
 

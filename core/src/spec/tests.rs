@@ -221,3 +221,45 @@ fn the_suffix_cache_stays_within_its_node_budget_and_keeps_the_newest_outputs() 
     assert!(peak_bytes <= budget * BYTES_PER_BUDGET_NODE, "{peak_bytes} bytes at most");
     assert!(peak_bytes >= budget * 37, "{peak_bytes} bytes: the estimate counts the nodes");
 }
+
+fn draft_model_drafter(max_tokens: usize) -> Drafter {
+    Drafter::new(Speculation { method: Some(SpeculationMethod::Draft), max_tokens, prediction: vec![] })
+}
+
+/// Rounds asked of a draft model start at 4, grow by two when kept whole and shrink by
+/// one when cut, within 1..=max_tokens; its guesses never come from `propose`.
+#[test]
+fn draft_model_rounds_grow_when_kept_and_shrink_when_cut() {
+    let mut d = draft_model_drafter(8);
+    assert_eq!(d.propose(&[1, 2, 3, 1, 2, 3, 1, 2], 2, 8, None), None);
+    assert_eq!(d.next_round(), Some(4));
+    d.record_round(4, 4);
+    assert_eq!(d.next_round(), Some(6));
+    d.record_round(6, 6);
+    assert_eq!(d.next_round(), Some(8), "never past max_tokens");
+    d.record_round(8, 3);
+    assert_eq!(d.next_round(), Some(7));
+    assert_eq!(draft_model_drafter(2).next_round(), Some(2));
+    assert_eq!(ngram(8).next_round(), None, "only method draft asks for rounds");
+}
+
+/// Rounds that keep nothing double the plain run before the next (1, 3, 7, ... 63
+/// tokens), so a draft model that never agrees is asked about once every 64 tokens;
+/// a round that keeps something ends the backoff.
+#[test]
+fn draft_model_rounds_that_keep_nothing_back_off() {
+    let mut d = draft_model_drafter(8);
+    let mut plain_runs = Vec::new();
+    for _ in 0..8 {
+        let k = d.next_round().expect("a round after the plain run");
+        d.record_round(k, 0);
+        let mut plain = 0;
+        while d.next_round().is_none() {
+            plain += 1;
+        }
+        plain_runs.push(plain);
+    }
+    assert_eq!(plain_runs, [1, 3, 7, 15, 31, 63, 63, 63]);
+    d.record_round(1, 1);
+    assert!(d.next_round().is_some(), "a kept round ends the backoff");
+}
