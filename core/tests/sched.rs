@@ -18,7 +18,7 @@ use tokenrouter_core::model::presets::qwen3_shaped;
 use tokenrouter_core::model::sampler::SamplingParams;
 use tokenrouter_core::model::{CandleBackend, LoadOptions};
 use tokenrouter_core::policy::{policy_uniform, Decision, EntryRequest, ModelIndex, Policy, RouteRow};
-use tokenrouter_core::sched::reference::Reference;
+use tokenrouter_core::sched::reference::{Reference, ReferenceOutput};
 use tokenrouter_core::sched::request::admit;
 use tokenrouter_core::sched::{
     rebuild, BatchingRule, FaultPoint, RequestEvent, RequestSpec, Subserver, SubserverConfig,
@@ -102,6 +102,23 @@ fn specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
             })
         })
         .collect()
+}
+
+/// Below this top-2 gap a verify step's batch shape may tip a near-tie the other way.
+const NEAR_TIE: f32 = 1e-3;
+
+/// Every request's output is its reference's (up to a near-tie).
+fn assert_matches_reference(specs: &[Arc<RequestSpec>], want: &[ReferenceOutput], got: &Outputs, context: &str) {
+    for (s, want) in specs.iter().zip(want) {
+        want.check(&got[&s.id], NEAR_TIE).unwrap_or_else(|e| panic!("request {} ({context}): {e}", s.id));
+    }
+}
+
+fn assert_all_blocks_back(subs: &[Subserver]) {
+    for sub in subs {
+        let cap = sub.backend().kv_capacity();
+        assert_eq!(cap.free_blocks, cap.total_blocks, "every KV block comes back");
+    }
 }
 
 type Outputs = HashMap<u64, Vec<(u32, ModelIndex)>>;

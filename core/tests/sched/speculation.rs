@@ -11,10 +11,7 @@ use tokenrouter_core::sched::reference::{Reference, ReferenceOutput};
 use tokenrouter_core::sched::{BatchingRule, FaultPoint, RequestSpec, Subserver, SubserverConfig};
 use tokenrouter_core::spec::{Speculation, SpeculationMethod, StepCost};
 
-use super::{load, models, serve, serve_with_faults, TestPolicy};
-
-/// Below this top-2 gap a verify step's batch shape may tip a near-tie the other way.
-const NEAR_TIE: f32 = 1e-3;
+use super::{assert_all_blocks_back, assert_matches_reference, load, models, serve, serve_with_faults, TestPolicy};
 
 /// Prompts that repeat a phrase (as code and transcripts do), greedy and sampled.
 fn repeating_specs(policy: Arc<dyn Policy>, n: u64) -> Vec<Arc<RequestSpec>> {
@@ -87,13 +84,6 @@ fn accepted(subs: &[Subserver]) -> u64 {
     subs.iter().map(|s| s.stats().accepted_draft_tokens).sum()
 }
 
-fn assert_all_blocks_back(subs: &[Subserver]) {
-    for sub in subs {
-        let cap = sub.backend().kv_capacity();
-        assert_eq!(cap.free_blocks, cap.total_blocks, "every KV block comes back");
-    }
-}
-
 #[test]
 fn speculative_serving_equals_the_reference_in_every_batch_composition() {
     for policy in [Arc::new(TestPolicy) as Arc<dyn Policy>, Arc::new(Always::new(1))] {
@@ -105,11 +95,8 @@ fn speculative_serving_equals_the_reference_in_every_batch_composition() {
         {
             let mut subs = pair(&small, &large, 1024, BatchingRule::fixed(&thresholds));
             let got = serve(&mut subs, &specs, &order);
-            for (s, want) in specs.iter().zip(&want) {
-                if let Err(e) = want.check(&got[&s.id], NEAR_TIE) {
-                    panic!("request {} ({}), thresholds {thresholds:?}: {e}", s.id, policy.name());
-                }
-            }
+            let context = format!("{}, thresholds {thresholds:?}", policy.name());
+            assert_matches_reference(&specs, &want, &got, &context);
             assert!(accepted(&subs) > 20, "drafts were kept: {}", accepted(&subs));
             assert_all_blocks_back(&subs);
         }
@@ -160,16 +147,12 @@ fn tight_pools_and_panicking_verify_steps_still_match() {
     let (small, large) = models();
     let mut subs = pair(&small, &large, 30, BatchingRule::eager(2));
     let got = serve(&mut subs, &specs, &[0, 1, 2, 3, 4, 5]);
-    for (s, want) in specs.iter().zip(&want) {
-        want.check(&got[&s.id], NEAR_TIE).unwrap_or_else(|e| panic!("request {} in a tight pool: {e}", s.id));
-    }
+    assert_matches_reference(&specs, &want, &got, "in a tight pool");
     assert_all_blocks_back(&subs);
     let mut subs = pair(&small, &large, 1024, BatchingRule::eager(2));
     let faults: Vec<(usize, usize, FaultPoint)> = (0..10).map(|k| (4 + k * 7, k % 2, FaultPoint::MidApply)).collect();
     let (got, resumed) = serve_with_faults(&mut subs, &specs, &[0, 1, 2, 3, 4, 5], &faults);
-    for (s, want) in specs.iter().zip(&want) {
-        want.check(&got[&s.id], NEAR_TIE).unwrap_or_else(|e| panic!("request {} after faults: {e}", s.id));
-    }
+    assert_matches_reference(&specs, &want, &got, "after faults");
     assert!(resumed >= 3, "{resumed} resumed");
     assert!(accepted(&subs) > 0);
     assert_all_blocks_back(&subs);
@@ -201,9 +184,7 @@ fn suffix_drafts_from_earlier_outputs_are_kept_and_change_nothing() {
     for first_id in [0, 100] {
         let specs = round(first_id);
         let got = serve(&mut subs, &specs, &order);
-        for (s, want) in specs.iter().zip(&want) {
-            want.check(&got[&s.id], NEAR_TIE).unwrap_or_else(|e| panic!("request {}: {e}", s.id));
-        }
+        assert_matches_reference(&specs, &want, &got, "suffix rounds");
         kept.push(subs[1].stats().accepted_draft_tokens);
     }
     let output_tokens: usize = want.iter().map(|w| w.tokens.len()).sum();
