@@ -639,7 +639,8 @@ async fn spawn_replanner(
     step_costs: Vec<Option<LatencyTable>>,
     root: &ActorRef<()>,
 ) -> Result<Option<(ActorRef<ReplanMsg>, PlannerStatusCell)>, EngineError> {
-    let Some(replan) = config.replan.clone() else { return Ok(None) };
+    let Some(mut replan) = config.replan.clone() else { return Ok(None) };
+    replan.exclusive_compute = config.exclusive_compute;
     let plan_at_start = (replan.plan_at_start && step_costs.len() == 2 && step_costs.iter().all(Option::is_some))
         .then(|| expected_delegation(&*shared.default_policy).unwrap_or(DEFAULT_DELEGATION_PRIOR));
     let mut replanner = Replanner::new(replan, config.batching.clone());

@@ -110,10 +110,12 @@ async fn plan_at_start(state: &mut ReplanState, delegation: f64) {
     };
     let max_batch = replanner.config().max_batch;
     let max_active = STARTUP_CONCURRENCIES.last().copied().unwrap_or(1);
+    let exclusive = replanner.config().exclusive_compute;
     let started = std::time::Instant::now();
-    let planned =
-        tokio::task::spawn_blocking(move || in_background(|| startup_plan(&costs, delegation, max_batch, max_active)))
-            .await;
+    let planned = tokio::task::spawn_blocking(move || {
+        in_background(|| startup_plan(&costs, delegation, max_batch, max_active, exclusive))
+    })
+    .await;
     match planned {
         Ok(Ok(plan)) => {
             tracing::info!(delegation, table = ?plan.table, seconds = started.elapsed().as_secs_f64(),

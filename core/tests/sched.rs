@@ -46,6 +46,14 @@ impl Policy for TestPolicy {
     }
 }
 
+/// The large model's shape and seed with its weights drawn 30% wider: a draft model
+/// that often agrees with it and sometimes does not.
+fn near_twin() -> TempDir {
+    let dir = TempDir::new().unwrap();
+    write_random_model(&qwen3_shaped(96, 2, 4, 2, 192, 400), &InitOptions { seed: 12, std: 0.26 }, dir.path()).unwrap();
+    dir
+}
+
 fn models() -> (TempDir, TempDir) {
     let make = |seed, hidden| {
         let dir = TempDir::new().unwrap();

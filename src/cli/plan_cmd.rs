@@ -46,6 +46,10 @@ pub struct PlanArgs {
     /// The chain's time unit (default: the fastest step / 20).
     #[arg(long)]
     delta_ms: Option<f64>,
+    /// The models take turns on shared compute (one steps at a time), as the engine's
+    /// `exclusive_compute` makes models on the same cores do.
+    #[arg(long)]
+    exclusive: bool,
     /// A running server (e.g. http://127.0.0.1:8000): routing probabilities, commits and
     /// latencies by batch size from its /v1/stats.
     #[arg(long)]
@@ -122,6 +126,7 @@ fn planner_input(args: &PlanArgs) -> anyhow::Result<(PlannerInput, Option<Vec<St
     }
     input.max_batch = args.max_batch;
     input.delta_ms = args.delta_ms;
+    input.exclusive = args.exclusive;
     Ok((input, names))
 }
 
@@ -198,6 +203,7 @@ fn routing_input(args: &PlanArgs, models: usize) -> anyhow::Result<PlannerInput>
                 max_batch: args.max_batch,
                 entry_model: 0,
                 delta_ms: None,
+                exclusive: false,
             }
         }
         (None, None) if models == 1 => PlannerInput {
@@ -207,6 +213,7 @@ fn routing_input(args: &PlanArgs, models: usize) -> anyhow::Result<PlannerInput>
             max_batch: args.max_batch,
             entry_model: 0,
             delta_ms: None,
+            exclusive: false,
         },
         (None, None) => bail!("give --route P (two models) or --route-matrix"),
     };

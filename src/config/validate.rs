@@ -213,6 +213,7 @@ impl ServerConfig {
             max_batch: self.scheduler.max_batch_rows,
             entry_model: 0,
             plan_at_start: section.plan_at_start && self.scheduler.thresholds.is_empty(),
+            exclusive_compute: self.exclusive_compute(),
         })
     }
 

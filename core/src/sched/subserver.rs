@@ -112,6 +112,8 @@ pub struct Subserver {
     keep_table: KeepTable,
     /// Recent outputs for suffix drafts, from the first request that asks for them.
     suffix_cache: Option<SuffixCache>,
+    /// Draft-model rounds in a row, over every request, that kept nothing.
+    draft_round_misses: u32,
 }
 
 struct Row {
@@ -157,6 +159,7 @@ impl Subserver {
             fault: None,
             keep_table: KeepTable::default(),
             suffix_cache: None,
+            draft_round_misses: 0,
         }
     }
 
@@ -272,7 +275,14 @@ impl Subserver {
                     self.suffix_cache = Some(SuffixCache::new(self.config.drafting.suffix_cache_nodes));
                 }
                 let kv = self.backend.new_sequence();
-                self.residents.insert(id, Resident::new(arrival, kv, now));
+                let mut resident = Resident::new(arrival, kv, now);
+                if let Some(drafter) = resident.drafter.as_mut() {
+                    // One miss fewer than the record, which the newcomer also lowers: new
+                    // requests keep probing, so the record follows the draft model's agreement.
+                    self.draft_round_misses = self.draft_round_misses.saturating_sub(1);
+                    drafter.start_backed_off(self.draft_round_misses);
+                }
+                self.residents.insert(id, resident);
             }
         }
         self.ready.push_back(id);

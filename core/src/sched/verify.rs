@@ -8,7 +8,7 @@
 
 use crate::model::ForwardOutput;
 use crate::policy::{Decision, RouteRow};
-use crate::spec::{Draft, DraftSource};
+use crate::spec::{Draft, DraftSource, MAX_ROUND_MISSES};
 
 use super::super::request::{constrained, draft_model, Constrained, FinishReason, RequestEvent};
 use super::super::resident::Resident;
@@ -76,6 +76,10 @@ impl Subserver {
             if let Some(drafter) = r.drafter.as_mut() {
                 drafter.record_round(drafted, accepted);
             }
+            self.draft_round_misses = match accepted {
+                0 => (self.draft_round_misses + 1).min(MAX_ROUND_MISSES),
+                _ => 0,
+            };
         } else {
             self.keep_table.record(draft.match_len, drafted, accepted);
             if let Some(drafter) = r.drafter.as_mut() {

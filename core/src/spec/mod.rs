@@ -181,6 +181,13 @@ pub struct Drafter {
 
 /// At most this many tokens are decoded plainly between two draft-model rounds.
 const MAX_PLAIN_RUN: usize = 63;
+/// Misses past this lengthen the plain run no further.
+pub const MAX_ROUND_MISSES: u32 = 6;
+
+/// Tokens decoded plainly after `misses` rounds in a row that kept nothing.
+fn plain_run(misses: u32) -> usize {
+    ((1usize << misses.min(MAX_ROUND_MISSES)) - 1).min(MAX_PLAIN_RUN)
+}
 
 /// Tokens a draft model's first round samples, before any verdict.
 const FIRST_ROUND: usize = 4;
@@ -216,6 +223,14 @@ impl Drafter {
     /// A draft model's round of `drafted` tokens kept `accepted`: a round kept whole
     /// asks two more next time, one that was cut short one fewer (as Hugging Face's
     /// assisted generation schedules it), within the request's `max_tokens`.
+    /// Starts as if its first rounds had already kept nothing `misses` times in a row:
+    /// the draft model's record on other requests, so that a draft model that does not
+    /// agree with its target costs a new request no more than an old one.
+    pub fn start_backed_off(&mut self, misses: u32) {
+        self.round_misses = misses.min(MAX_ROUND_MISSES);
+        self.plain_left = plain_run(self.round_misses);
+    }
+
     /// A round that kept nothing also doubles the plain run before the next (1, 3, 7,
     /// … up to [`MAX_PLAIN_RUN`] tokens); one that kept something ends the backoff.
     pub fn record_round(&mut self, drafted: usize, accepted: usize) {
@@ -223,8 +238,8 @@ impl Drafter {
         self.round = if accepted >= drafted { self.round + 2 } else { self.round.saturating_sub(1) };
         self.round = self.round.clamp(1, limit);
         if accepted == 0 {
-            self.round_misses = (self.round_misses + 1).min(6);
-            self.plain_left = ((1usize << self.round_misses) - 1).min(MAX_PLAIN_RUN);
+            self.round_misses = (self.round_misses + 1).min(MAX_ROUND_MISSES);
+            self.plain_left = plain_run(self.round_misses);
         } else {
             self.round_misses = 0;
         }

@@ -262,4 +262,9 @@ fn draft_model_rounds_that_keep_nothing_back_off() {
     assert_eq!(plain_runs, [1, 3, 7, 15, 31, 63, 63, 63]);
     d.record_round(1, 1);
     assert!(d.next_round().is_some(), "a kept round ends the backoff");
+    let mut newcomer = draft_model_drafter(8);
+    newcomer.start_backed_off(3);
+    assert_eq!((0..8).filter(|_| newcomer.next_round().is_none()).count(), 7, "starts where 3 misses left off");
+    newcomer.start_backed_off(0);
+    assert!(newcomer.next_round().is_some());
 }

@@ -14,7 +14,8 @@ use tokenrouter_core::sched::{BatchingRule, FaultPoint, RequestSpec};
 use tokenrouter_core::spec::{Speculation, SpeculationMethod};
 
 use super::{
-    assert_all_blocks_back, assert_matches_reference, load, models, pair, serve, serve_with_faults, TestPolicy,
+    assert_all_blocks_back, assert_matches_reference, load, models, near_twin, pair, serve, serve_with_faults,
+    TestPolicy,
 };
 
 fn drafted(spec: &RequestSpec, max_tokens: usize) -> Arc<RequestSpec> {
@@ -55,30 +56,40 @@ fn draft_specs(
     (specs, want)
 }
 
+/// The near twin drafts rounds that are partly kept and partly rejected; the unrelated
+/// small model's rounds are rejected, and the target soon backs off from asking it.
 #[test]
 fn draft_model_rounds_equal_the_reference_in_every_batch_composition() {
     let (small, large) = models();
-    let (mut rs, mut rl) = (load(&small, 1024), load(&large, 1024));
-    let mut reference = Reference { models: vec![&mut rs, &mut rl], shared_vocab: 400, max_context: 4096 };
-    // Always on the large model: every token after the first is a round's. TestPolicy
-    // starts on the small model and leaves the large one after each token it commits
-    // there, so its requests never draft: routing decides before speculation.
-    for (policy, drafts) in [(Arc::new(Always::new(1)) as Arc<dyn Policy>, true), (Arc::new(TestPolicy), false)] {
-        let (specs, want) = draft_specs(policy.clone(), 10, &mut reference);
-        for (thresholds, order) in [([1, 1], (0..10).collect::<Vec<_>>()), ([3, 2], vec![3, 1, 4, 9, 5, 0, 2, 6, 8, 7])]
-        {
-            let mut subs = pair(&small, &large, 1024, BatchingRule::fixed(&thresholds));
-            let got = serve(&mut subs, &specs, &order);
-            let context = format!("{}, thresholds {thresholds:?}", policy.name());
-            assert_matches_reference(&specs, &want, &got, &context);
-            let (target, drafter) = (subs[1].stats(), subs[0].stats());
-            if drafts {
-                assert!(target.draft_rounds >= 20, "{} rounds", target.draft_rounds);
-                assert!(target.verify_rows >= 20 && drafter.drafts_sampled >= target.drafted_tokens);
-            } else {
-                assert_eq!(target.draft_rounds, 0);
+    let twin = near_twin();
+    for (drafter_dir, agrees) in [(&twin, true), (&small, false)] {
+        let (mut rd, mut rl) = (load(drafter_dir, 1024), load(&large, 1024));
+        let mut reference = Reference { models: vec![&mut rd, &mut rl], shared_vocab: 400, max_context: 4096 };
+        // Always on the large model: every token after the first may be a round's.
+        // TestPolicy starts on the small model and leaves the large one after each token
+        // it commits there, so its requests never draft: routing decides first.
+        for (policy, drafts) in [(Arc::new(Always::new(1)) as Arc<dyn Policy>, true), (Arc::new(TestPolicy), false)] {
+            let (specs, want) = draft_specs(policy.clone(), 10, &mut reference);
+            for (thresholds, order) in
+                [([1, 1], (0..10).collect::<Vec<_>>()), ([3, 2], vec![3, 1, 4, 9, 5, 0, 2, 6, 8, 7])]
+            {
+                let mut subs = pair(drafter_dir, &large, 1024, BatchingRule::fixed(&thresholds));
+                let got = serve(&mut subs, &specs, &order);
+                let context = format!("{}, thresholds {thresholds:?}, agrees {agrees}", policy.name());
+                assert_matches_reference(&specs, &want, &got, &context);
+                let (target, drafter) = (subs[1].stats(), subs[0].stats());
+                assert_eq!(drafter.drafts_sampled, target.drafted_tokens, "{context}");
+                match (drafts, agrees) {
+                    (false, _) => assert_eq!(target.draft_rounds, 0, "{context}"),
+                    (true, true) => {
+                        let (kept, guessed) = (target.accepted_draft_tokens, target.drafted_tokens);
+                        assert!(target.draft_rounds >= 30, "{context}: {} rounds", target.draft_rounds);
+                        assert!(kept >= 30 && guessed >= kept + 10, "{context}: kept {kept} of {guessed}");
+                    }
+                    (true, false) => assert!(target.draft_rounds >= 8, "{context}: {} rounds", target.draft_rounds),
+                }
+                assert_all_blocks_back(&subs);
             }
-            assert_all_blocks_back(&subs);
         }
     }
 }
@@ -136,13 +147,15 @@ fn tight_pools_and_panicking_rounds_still_match() {
 }
 
 /// Sampled speculation keeps the target's distribution: over many seeds, the token at
-/// output index 1 (the first a round guesses, verified by the target) is distributed
-/// as the target's own probabilities say, marginal over the first token (chi-square).
+/// output index 1 (the first a round guesses, verified by the target: kept where the
+/// near twin guessed it, the target's own where not) is distributed as the target's own
+/// probabilities say, marginal over the first token (chi-square).
 #[test]
 fn sampled_draft_speculation_keeps_the_targets_distribution() {
     const SEEDS: u64 = 3000;
     const TEMPERATURE: f32 = 0.6;
-    let (small, large) = models();
+    let (_, large) = models();
+    let twin = near_twin();
     let prompt: Vec<u32> = vec![17, 230, 45, 301, 9];
     let mut target = load(&large, 256);
     let expected = second_token_marginal(&mut target, &prompt, TEMPERATURE);
@@ -161,9 +174,14 @@ fn sampled_draft_speculation_keeps_the_targets_distribution() {
             drafted(&spec, 4)
         })
         .collect();
-    let mut subs = pair(&small, &large, 4096, BatchingRule::eager(2));
+    let mut subs = pair(&twin, &large, 4096, BatchingRule::eager(2));
     let got = serve(&mut subs, &specs, &(0..SEEDS as usize).collect::<Vec<_>>());
-    assert!(subs[1].stats().verify_rows >= SEEDS, "index 1 came from a verify step");
+    let target = subs[1].stats();
+    // Runs of rounds that keep nothing make later requests decode index 1 plainly (the
+    // target backs off); those draws must follow the same distribution.
+    assert!(target.verify_rows >= SEEDS / 3, "index 1 came from a verify step: {} of {SEEDS}", target.verify_rows);
+    let (kept, guessed) = (target.accepted_draft_tokens, target.drafted_tokens);
+    assert!(kept >= SEEDS / 4 && guessed >= kept + SEEDS / 10, "guesses kept and rejected: {kept} of {guessed}");
     let mut counts = vec![0u64; 400];
     for output in got.values() {
         counts[output[1].0 as usize] += 1;
@@ -174,7 +192,6 @@ fn sampled_draft_speculation_keeps_the_targets_distribution() {
     let h = 2.0 / (9.0 * dof);
     let critical = dof * (1.0 - h + z * h.sqrt()).powi(3);
     assert!(chi2 < critical, "chi-square {chi2:.1} over {dof} degrees of freedom (critical {critical:.1})");
-    assert!(subs[1].stats().accepted_draft_tokens > 0);
 }
 
 /// P(token at output index 1) = Σ_t0 P(t0) P(t1 | t0), from the target's logits.

@@ -35,6 +35,7 @@ type Outcome = ([u8; MAX_MODELS], f64);
 /// The chain's fixed parts for one threshold vector.
 pub(super) struct ChainModel {
     models: usize,
+    exclusive: bool,
     thresholds: Vec<usize>,
     max_batch: usize,
     entry: usize,
@@ -81,6 +82,7 @@ impl ChainModel {
         let models = input.models();
         Ok(ChainModel {
             models,
+            exclusive: input.exclusive,
             thresholds: thresholds.to_vec(),
             max_batch,
             entry: input.entry_model,
@@ -95,7 +97,7 @@ impl ChainModel {
     pub fn build(mut self, n: usize, limit: usize) -> Result<Chain, PlanError> {
         let mut start = State::default();
         start.queued[self.entry] = n as u8;
-        self.launch(&mut start);
+        self.launch(&mut start, None);
         let mut index: foldhash::HashMap<u128, u32> = foldhash::HashMap::default();
         index.insert(start.key(), 0);
         let mut chain = Chain {
@@ -136,17 +138,36 @@ impl ChainModel {
         Ok(chain)
     }
 
-    /// Idle models whose queue reached their threshold start a step.
-    fn launch(&self, state: &mut State) {
-        for i in 0..self.models {
-            let queued = state.queued[i] as usize;
-            if state.batch[i] == 0 && queued > 0 && queued >= self.thresholds[i] {
-                let batch = queued.min(self.max_batch);
-                state.queued[i] -= batch as u8;
-                state.batch[i] = batch as u8;
-                state.residual[i] = self.units[i][batch];
+    /// Idle models whose queue reached their threshold start a step. Models that take
+    /// turns start only when none runs, one at a time: one that waited before the one
+    /// whose step just `ended` (the engine hands its turn over fairly).
+    fn launch(&self, state: &mut State, ended: Option<usize>) {
+        let eligible = |s: &State, i: usize| {
+            let queued = s.queued[i] as usize;
+            s.batch[i] == 0 && queued > 0 && queued >= self.thresholds[i]
+        };
+        if !self.exclusive {
+            for i in 0..self.models {
+                if eligible(state, i) {
+                    self.start(state, i);
+                }
             }
+            return;
         }
+        if (0..self.models).any(|i| state.batch[i] > 0) {
+            return;
+        }
+        let waited = (0..self.models).find(|&i| Some(i) != ended && eligible(state, i));
+        if let Some(i) = waited.or(ended.filter(|&i| eligible(state, i))) {
+            self.start(state, i);
+        }
+    }
+
+    fn start(&self, state: &mut State, model: usize) {
+        let batch = (state.queued[model] as usize).min(self.max_batch);
+        state.queued[model] -= batch as u8;
+        state.batch[model] = batch as u8;
+        state.residual[model] = self.units[model][batch];
     }
 
     /// From a state: the holding time, the expected tokens committed at its end, and
@@ -157,6 +178,7 @@ impl ChainModel {
         let mut after = state;
         let mut reward = 0.0;
         let mut arrivals: Vec<Outcome> = vec![([0; MAX_MODELS], 1.0)];
+        let mut ended = None;
         for i in 0..self.models {
             if state.batch[i] == 0 {
                 continue;
@@ -169,6 +191,7 @@ impl ChainModel {
             reward += batch as f64 * self.tokens_per_row[i];
             after.batch[i] = 0;
             after.residual[i] = 0;
+            ended = Some(i);
             arrivals = combine(&arrivals, self.outcomes_of(i, batch));
         }
         let successors = arrivals
@@ -178,7 +201,7 @@ impl ChainModel {
                 for j in 0..self.models {
                     s.queued[j] += added[j];
                 }
-                self.launch(&mut s);
+                self.launch(&mut s, ended);
                 (s, p)
             })
             .collect();

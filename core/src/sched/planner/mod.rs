@@ -52,6 +52,9 @@ pub struct PlannerInput {
     pub entry_model: usize,
     /// Time unit of the chain; `None` takes the fastest step / 20.
     pub delta_ms: Option<f64>,
+    /// The models take turns on one compute (shared cores or card): one steps at a
+    /// time, and a model that waited gets the next turn.
+    pub exclusive: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -88,6 +91,7 @@ impl PlannerInput {
             max_batch: 64,
             entry_model: 0,
             delta_ms: None,
+            exclusive: false,
         }
     }
 

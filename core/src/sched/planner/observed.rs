@@ -42,7 +42,7 @@ pub fn input_from_stats(
     }
     let latencies = measured.into_iter().map(|t| t.unwrap_or_else(|| LatencyTable::constant(fastest))).collect();
     let (route, commit) = stats.iter().enumerate().map(|(i, s)| routing_of(i, models, s)).unzip();
-    Ok(PlannerInput { latencies, route, commit, max_batch, entry_model, delta_ms: None })
+    Ok(PlannerInput { latencies, route, commit, max_batch, entry_model, delta_ms: None, exclusive: false })
 }
 
 /// Counters written before steps were kept by tokens (saved sweeps, older servers):

@@ -30,6 +30,8 @@ pub struct ReplanConfig {
     /// Plan a table of thresholds per N at start-up from the models' start-up costs
     /// (two models, each with a cost), before any window was served.
     pub plan_at_start: bool,
+    /// The models take turns on shared compute (the engine's `exclusive_compute`).
+    pub exclusive_compute: bool,
 }
 
 impl Default for ReplanConfig {
@@ -42,6 +44,7 @@ impl Default for ReplanConfig {
             max_batch: 64,
             entry_model: 0,
             plan_at_start: true,
+            exclusive_compute: false,
         }
     }
 }
@@ -189,8 +192,9 @@ impl Replanner {
             return Ok(None); // keep accumulating from the same start
         }
         self.previous = Some(stats.to_vec());
-        let input = input_from_stats(&window, &self.priors, self.config.entry_model, self.config.max_batch)?
+        let mut input = input_from_stats(&window, &self.priors, self.config.entry_model, self.config.max_batch)?
             .with_online_delta();
+        input.exclusive = self.config.exclusive_compute;
         let current = self.rule.effective(active);
         let now = predict(&input, active, &current)?;
         let plan = search(&input, active)?;

@@ -35,11 +35,12 @@ pub struct StartupPlan {
 /// The two-model delegation pattern at rate `delegation` (the small model, 0, hands a
 /// position to the large one, 1, which catches up on the ~1/p tokens written since it
 /// last saw the request, writes one and hands back), from profiled costs by tokens.
-pub fn startup_input(costs: &[LatencyTable; 2], delegation: f64, max_batch: usize) -> PlannerInput {
+/// `exclusive`: the two models take turns on shared compute.
+pub fn startup_input(costs: &[LatencyTable; 2], delegation: f64, max_batch: usize, exclusive: bool) -> PlannerInput {
     let p = if delegation.is_finite() { delegation.clamp(1e-3, 1.0) } else { DEFAULT_DELEGATION_PRIOR };
     let small = latency_by_rows(&costs[0], 1.0, max_batch);
     let large = latency_by_rows(&costs[1], 1.0 / p, max_batch);
-    PlannerInput { max_batch, ..PlannerInput::delegation(small, large, p) }.with_online_delta()
+    PlannerInput { max_batch, exclusive, ..PlannerInput::delegation(small, large, p) }.with_online_delta()
 }
 
 /// The planner's table over [`STARTUP_CONCURRENCIES`] (those up to `max_active`) as a
@@ -49,8 +50,9 @@ pub fn startup_plan(
     delegation: f64,
     max_batch: usize,
     max_active: usize,
+    exclusive: bool,
 ) -> Result<StartupPlan, PlanError> {
-    let input = startup_input(costs, delegation, max_batch);
+    let input = startup_input(costs, delegation, max_batch, exclusive);
     let concurrencies: Vec<usize> = STARTUP_CONCURRENCIES.iter().copied().filter(|&n| n <= max_active.max(1)).collect();
     let plans = plan_table(&input, &concurrencies, SearchOptions::default())?;
     let table: Vec<(usize, Vec<usize>, f64)> =
@@ -82,13 +84,13 @@ mod tests {
 
     /// Predicted tok/s of eager launching at N from the same start-up input.
     fn eager(costs: &[LatencyTable; 2], n: usize) -> f64 {
-        crate::sched::planner::predict(&startup_input(costs, 0.1, 64), n, &[1, 1]).unwrap().tokens_per_sec
+        crate::sched::planner::predict(&startup_input(costs, 0.1, 64, false), n, &[1, 1]).unwrap().tokens_per_sec
     }
 
     #[test]
     fn the_plan_from_a_profile_is_deterministic_safe_and_batches_where_it_pays() {
-        let plan = startup_plan(&bandwidth_bound(), 0.1, 64, 16).unwrap();
-        assert_eq!(plan, startup_plan(&bandwidth_bound(), 0.1, 64, 16).unwrap());
+        let plan = startup_plan(&bandwidth_bound(), 0.1, 64, 16, false).unwrap();
+        assert_eq!(plan, startup_plan(&bandwidth_bound(), 0.1, 64, 16, false).unwrap());
         assert_eq!(plan.table.iter().map(|r| r.0).collect::<Vec<_>>(), STARTUP_CONCURRENCIES);
         assert!(plan.table.iter().all(|(_, b, _)| b.len() == 2));
         plan.rule.validate(2).unwrap();
@@ -112,7 +114,7 @@ mod tests {
             LatencyTable::from_points([(1, 1.0), (512, 512.0)]).unwrap(),
             LatencyTable::from_points([(1, 4.0), (512, 2048.0)]).unwrap(),
         ];
-        let plan = startup_plan(&linear, 0.1, 64, 8).unwrap();
+        let plan = startup_plan(&linear, 0.1, 64, 8, false).unwrap();
         for (n, b, predicted) in &plan.table {
             let gain = predicted / eager(&linear, *n);
             assert!(gain < 1.03, "N = {n}: {b:?} predicted {gain:.3}× eager");

@@ -13,6 +13,7 @@ fn one_model(latency: LatencyTable) -> PlannerInput {
         max_batch: 64,
         entry_model: 0,
         delta_ms: None,
+        exclusive: false,
     }
 }
 
@@ -102,8 +103,13 @@ fn simulate(input: &PlannerInput, n: usize, thresholds: &[usize], steps: usize, 
     let mut running: Vec<Option<(usize, f64)>> = vec![None; m]; // (rows, end time)
     queued[input.entry_model] = n;
     let (mut now, mut tokens, mut done) = (0.0, 0.0, 0);
-    let launch = |queued: &mut Vec<usize>, running: &mut Vec<Option<(usize, f64)>>, now: f64| {
-        for i in 0..m {
+    let launch = |queued: &mut Vec<usize>, running: &mut Vec<Option<(usize, f64)>>, now: f64, ended: Option<usize>| {
+        // Taking turns: the first model that waited, else the one whose step just ended.
+        let order: Vec<usize> = (0..m).filter(|&i| Some(i) != ended).chain(ended).collect();
+        for i in order {
+            if input.exclusive && running.iter().any(Option::is_some) {
+                return;
+            }
             if running[i].is_none() && queued[i] > 0 && queued[i] >= thresholds[i] {
                 let rows = queued[i].min(input.max_batch);
                 queued[i] -= rows;
@@ -111,7 +117,7 @@ fn simulate(input: &PlannerInput, n: usize, thresholds: &[usize], steps: usize, 
             }
         }
     };
-    launch(&mut queued, &mut running, now);
+    launch(&mut queued, &mut running, now, None);
     let warmup = steps / 10;
     let mut start_time = 0.0;
     while done < steps {
@@ -140,7 +146,7 @@ fn simulate(input: &PlannerInput, n: usize, thresholds: &[usize], steps: usize, 
         if done == warmup {
             start_time = now;
         }
-        launch(&mut queued, &mut running, now);
+        launch(&mut queued, &mut running, now, Some(i));
     }
     tokens / (now - start_time) * 1e3
 }
@@ -154,6 +160,25 @@ fn the_chain_agrees_with_a_simulation_of_the_same_system() {
         let simulated = simulate(&input, n, &b, 400_000, 7);
         assert!(close(predicted.tokens_per_sec, simulated, 0.01), "N={n} B={b:?}: {predicted:?} vs {simulated}");
     }
+}
+
+/// Models that take turns on shared compute: the chain still agrees with the simulation;
+/// one request never overlaps itself, so N = 1 predicts what side-by-side models do, and
+/// more requests are predicted slower than side by side.
+#[test]
+fn models_taking_turns_agree_with_a_simulation_and_never_overlap() {
+    let side_by_side = PlannerInput::delegation(linear(5.0, 0.3), linear(24.0, 1.1), 0.35);
+    let turns = PlannerInput { exclusive: true, ..side_by_side.clone() };
+    for (n, b) in [(4, [2, 1]), (6, [1, 3]), (8, [3, 2])] {
+        let predicted = predict(&turns, n, &b).unwrap();
+        assert!(predicted.converged);
+        let simulated = simulate(&turns, n, &b, 400_000, 11);
+        assert!(close(predicted.tokens_per_sec, simulated, 0.01), "N={n} B={b:?}: {predicted:?} vs {simulated}");
+        let parallel = predict(&side_by_side, n, &b).unwrap().tokens_per_sec;
+        assert!(predicted.tokens_per_sec < parallel * 0.97, "N={n}: {} vs {parallel}", predicted.tokens_per_sec);
+    }
+    let one = |input: &PlannerInput| predict(input, 1, &[1, 1]).unwrap().tokens_per_sec;
+    assert!(close(one(&turns), one(&side_by_side), 1e-9));
 }
 
 #[test]
