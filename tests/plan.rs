@@ -54,6 +54,28 @@ fn plans_per_concurrency_and_writes_the_table_into_a_config() {
     }
 }
 
+/// `--exclusive`: models that take turns on shared compute. One request never runs on
+/// both at once, so N = 1 is predicted as side by side; more requests are predicted slower.
+#[test]
+fn models_taking_turns_are_planned_slower_beyond_one_request() {
+    let dir = TempDir::new().unwrap();
+    let best = |exclusive: bool| -> Vec<f64> {
+        let json = dir.path().join(format!("plan-{exclusive}.json"));
+        let mut args = vec!["--latency-ms", "6.0,27.9", "--route", "0.35", "--concurrency", "1,4", "--json"];
+        args.push(json.to_str().unwrap());
+        if exclusive {
+            args.push("--exclusive");
+        }
+        let out = plan(&args);
+        assert!(out.status.success(), "{}", text(&out));
+        let plans: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        plans.iter().map(|p| p["best"]["prediction"]["tokens_per_sec"].as_f64().unwrap()).collect()
+    };
+    let (side_by_side, turns) = (best(false), best(true));
+    assert!((side_by_side[0] - turns[0]).abs() < 1e-9, "{side_by_side:?} vs {turns:?}");
+    assert!(turns[1] < side_by_side[1] * 0.97, "{side_by_side:?} vs {turns:?}");
+}
+
 #[test]
 fn bad_plan_inputs_are_refused_with_reasons() {
     for (args, reason) in [
