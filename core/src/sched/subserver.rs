@@ -276,7 +276,7 @@ impl Subserver {
                 }
                 let kv = self.backend.new_sequence();
                 let mut resident = Resident::new(arrival, kv, now);
-                if let Some(drafter) = resident.drafter.as_mut() {
+                if let Some(drafter) = resident.drafter.as_mut().filter(|d| d.uses_draft_model()) {
                     // One miss fewer than the record, which the newcomer also lowers: new
                     // requests keep probing, so the record follows the draft model's agreement.
                     self.draft_round_misses = self.draft_round_misses.saturating_sub(1);

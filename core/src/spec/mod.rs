@@ -207,10 +207,15 @@ impl Drafter {
         }
     }
 
+    /// Whether the request's drafts come from a draft model (method `draft`).
+    pub fn uses_draft_model(&self) -> bool {
+        self.speculation.method == Some(SpeculationMethod::Draft)
+    }
+
     /// How many tokens the draft model samples next, when the request drafts with one
     /// and its next token is not one to decode plainly (after rounds that kept nothing).
     pub fn next_round(&mut self) -> Option<usize> {
-        if self.speculation.method != Some(SpeculationMethod::Draft) {
+        if !self.uses_draft_model() {
             return None;
         }
         if self.plain_left > 0 {
