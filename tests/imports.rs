@@ -103,11 +103,18 @@ fn import_graph(folder: &str, prefix: &str) -> BTreeMap<String, BTreeSet<String>
     edges
 }
 
+/// The import graph of the modules under `dir` (more than `min_modules` of them, so the
+/// sources were read), checked to have no circle.
+fn acyclic_import_graph(dir: &str, prefix: &str, min_modules: usize) -> BTreeMap<String, BTreeSet<String>> {
+    let edges = import_graph(dir, prefix);
+    assert!(edges.len() > min_modules, "the sources were read: {:?}", edges.keys());
+    assert_eq!(circles(&edges), Vec::<BTreeSet<String>>::new(), "modules that import each other in a circle");
+    edges
+}
+
 #[test]
 fn the_model_runtime_has_no_import_circle_and_the_backend_trait_is_a_leaf() {
-    let edges = import_graph("core/src/model", "crate::model::");
-    assert!(edges.len() > 30, "the sources were read: {:?}", edges.keys());
-    assert_eq!(circles(&edges), Vec::<BTreeSet<String>>::new(), "modules that import each other in a circle");
+    let edges = acyclic_import_graph("core/src/model", "crate::model::", 30);
     let backends = ["candle_backend", "llamacpp", "cuda", "load", "quantized", "warmup", "gguf_import", "transformer"];
     let trait_imports = &edges["backend"];
     assert!(backends.iter().all(|b| !trait_imports.contains(*b)), "backend.rs imports {trait_imports:?}");
@@ -117,9 +124,7 @@ fn the_model_runtime_has_no_import_circle_and_the_backend_trait_is_a_leaf() {
 
 #[test]
 fn the_actors_have_no_import_circle_and_what_requests_use_imports_no_actor() {
-    let edges = import_graph("actors/src", "crate::");
-    assert!(edges.len() > 15, "the sources were read: {:?}", edges.keys());
-    assert_eq!(circles(&edges), Vec::<BTreeSet<String>>::new(), "modules that import each other in a circle");
+    let edges = acyclic_import_graph("actors/src", "crate::", 15);
     let actors = ["engine", "compute", "request", "launch", "replan", "registry", "tokenizer", "remote"];
     for leaf in ["messages", "handles"] {
         let imports = &edges[leaf];

@@ -177,8 +177,9 @@ fn serve_with_faults(
                     let output: Vec<u32> =
                         outputs.get(&lost.spec.id).map(|o| o.iter().map(|t| t.0).collect()).unwrap_or_default();
                     assert_eq!(output.len(), lost.output_len, "request {}", lost.spec.id);
-                    let model = lost.resume_model(i);
-                    subs[model].arrive(rebuild(lost.spec.clone(), &output, lost.travel, model)).unwrap();
+                    let spec = lost.spec.clone();
+                    let (model, travel) = lost.resume_at(i);
+                    subs[model].arrive(rebuild(spec, &output, travel, model)).unwrap();
                     resumed += 1;
                 }
                 continue;

@@ -205,19 +205,20 @@ impl Checkpoint {
         }
     }
 
-    /// Where a request lost on `lost_on` resumes.
-    pub fn resume_model(&self, lost_on: ModelIndex) -> ModelIndex {
-        self.drafting_for.unwrap_or(lost_on)
-    }
-
-    /// The event that asks the request's owner to resume it (lost on `lost_on`, which
-    /// holds nothing of it now).
-    pub fn resume_event(mut self, lost_on: ModelIndex) -> RequestEvent {
-        let model = self.resume_model(lost_on);
+    /// Where a request lost on `lost_on` resumes, and its travel state there: `lost_on`
+    /// holds nothing of it now.
+    pub fn resume_at(mut self, lost_on: ModelIndex) -> (ModelIndex, Travel) {
         if let Some(seen) = self.travel.seen.get_mut(lost_on) {
             *seen = 0;
         }
-        RequestEvent::Resume { id: self.spec.id, model, output_len: self.output_len, travel: self.travel }
+        (self.drafting_for.unwrap_or(lost_on), self.travel)
+    }
+
+    /// The event that asks the request's owner to resume it (lost on `lost_on`).
+    pub fn resume_event(self, lost_on: ModelIndex) -> RequestEvent {
+        let (id, output_len) = (self.spec.id, self.output_len);
+        let (model, travel) = self.resume_at(lost_on);
+        RequestEvent::Resume { id, model, output_len, travel }
     }
 }
 

@@ -94,16 +94,20 @@ impl Resident {
 
     /// Takes in a returning request: the tokens it produced elsewhere, its travel state.
     pub fn absorb(&mut self, arrival: Arrival, now: Instant) {
-        let dropped = arrival.start < self.tokens.len();
+        let prompt_len = self.spec.prompt.len();
+        // Tokens dropped here (a draft model's rejected guesses) no longer count for penalties.
+        if arrival.start < prompt_len {
+            // The whole output comes again: only the prompt's counts stay.
+            self.counts = counts_for(&self.spec.prompt, prompt_len);
+        } else {
+            for &t in self.tokens.get(arrival.start..).unwrap_or_default() {
+                self.counts.forget_output(t);
+            }
+        }
         self.tokens.truncate(arrival.start);
         self.kv.truncate(arrival.start);
         if let Some(drafter) = self.drafter.as_mut() {
             drafter.rewind(arrival.start);
-        }
-        let prompt_len = self.spec.prompt.len();
-        if dropped {
-            // Tokens counted for penalties are gone (a draft model's rejected drafts).
-            self.counts = counts_for(&self.tokens, prompt_len);
         }
         for (offset, &t) in arrival.suffix.iter().enumerate() {
             if arrival.start + offset >= prompt_len {

@@ -178,13 +178,9 @@ impl Subserver {
     /// see [`Checkpoint`]) and every other request keeps its record but recomputes
     /// its KV, since the cache the panic left cannot be trusted either.
     pub fn recover(&mut self) -> Vec<Checkpoint> {
-        let mut lost = std::mem::take(&mut self.in_flight);
-        for checkpoint in &mut lost {
+        let lost = std::mem::take(&mut self.in_flight);
+        for checkpoint in &lost {
             self.residents.remove(&checkpoint.spec.id);
-            // Nothing of it is held here now, wherever it resumes.
-            if let Some(seen) = checkpoint.travel.seen.get_mut(self.config.model) {
-                *seen = 0;
-            }
         }
         for resident in self.residents.values_mut() {
             resident.kv.clear();
@@ -584,9 +580,7 @@ impl Subserver {
             let sampled = self.sample(&r, out.row_logits(i), mask.as_ref());
             complete.push((i, r, sampled));
         }
-        let (drafting, mut complete): (Vec<_>, Vec<_>) =
-            complete.into_iter().partition(|(_, r, _)| r.drafting.is_some());
-        for (_, r, sampled) in drafting {
+        for (_, r, sampled) in complete.extract_if(.., |(_, r, _)| r.drafting.is_some()) {
             self.extend_draft(r, sampled.token, outcome);
         }
         let decisions = self.route(&mut complete, out);

@@ -25,7 +25,8 @@ fn drafted(spec: &RequestSpec, max_tokens: usize) -> Arc<RequestSpec> {
 }
 
 /// Greedy and sampled requests of various lengths; every third stops at a token its
-/// plain output holds (so a round may sample the stop, and the target end there).
+/// plain output holds (so a round may sample the stop, and the target end there), and
+/// every fourth has penalties.
 fn draft_specs(
     policy: Arc<dyn Policy>,
     n: u64,
@@ -46,6 +47,12 @@ fn draft_specs(
             constraint: None,
             speculation: None,
         };
+        if id % 4 == 3 {
+            // Penalties count the guesses a round samples; rejected ones must stop counting.
+            spec.sampling.presence_penalty = 0.8;
+            spec.sampling.frequency_penalty = 0.5;
+            spec.sampling.repetition_penalty = 1.3;
+        }
         let plain = reference.run(&spec).unwrap();
         if id % 3 == 2 {
             spec.stop_ids = vec![plain.ids()[plain.tokens.len() * 2 / 3]];

@@ -159,7 +159,7 @@ impl fmt::Display for SamplingError {
 impl std::error::Error for SamplingError {}
 
 /// Per-request penalty state, updated once per token.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenCounts {
     prompt: HashSet<u32>,
     output: HashMap<u32, u32>,
@@ -176,6 +176,16 @@ impl TokenCounts {
 
     pub fn observe_output(&mut self, token: u32) {
         *self.output.entry(token).or_insert(0) += 1;
+    }
+
+    /// Takes back one [`observe_output`](Self::observe_output) of `token`.
+    pub fn forget_output(&mut self, token: u32) {
+        if let Some(count) = self.output.get_mut(&token) {
+            *count -= 1;
+            if *count == 0 {
+                self.output.remove(&token);
+            }
+        }
     }
 
     pub fn in_prompt(&self, token: u32) -> bool {

@@ -346,3 +346,21 @@ fn bench_vocab_151936() {
         println!("{name:45} {per_sample:>10.1?} per sample, {:>8.2?} per 64-row step", per_sample * 64);
     }
 }
+
+#[test]
+fn forgetting_an_output_token_undoes_observing_it() {
+    let mut counts = TokenCounts::default();
+    counts.observe_prompt(&[7]);
+    for t in [3, 3, 7] {
+        counts.observe_output(t);
+    }
+    counts.forget_output(3);
+    counts.forget_output(7);
+    counts.forget_output(9);
+    assert_eq!((counts.output_count(3), counts.output_count(7), counts.output_count(9)), (1, 0, 0));
+    assert!(counts.in_prompt(7), "the prompt's counts stay");
+    counts.forget_output(3);
+    let mut fresh = TokenCounts::default();
+    fresh.observe_prompt(&[7]);
+    assert_eq!(counts, fresh, "nothing of the output is left");
+}
