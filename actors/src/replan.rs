@@ -9,7 +9,9 @@ use std::sync::{Arc, Weak};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokenrouter_core::model::threads;
-use tokenrouter_core::sched::planner::{startup_plan, LatencyTable, PlannerStatus, Replanner, STARTUP_CONCURRENCIES};
+use tokenrouter_core::sched::planner::{
+    startup_plan, LatencyTable, PlannerStatus, Replanner, StartupSpec, STARTUP_CONCURRENCIES,
+};
 
 use crate::handles::EngineLinks;
 use crate::messages::ReplanMsg;
@@ -108,17 +110,20 @@ async fn plan_at_start(state: &mut ReplanState, delegation: f64) {
         state.replanner = Some(replanner);
         return;
     };
-    let max_batch = replanner.config().max_batch;
-    let max_active = STARTUP_CONCURRENCIES.last().copied().unwrap_or(1);
-    let exclusive = replanner.config().exclusive_compute;
+    let config = replanner.config();
+    let spec = StartupSpec {
+        delegation,
+        workload: config.workload,
+        max_batch: config.max_batch,
+        max_active: STARTUP_CONCURRENCIES.last().copied().unwrap_or(1),
+        exclusive: config.exclusive_compute,
+    };
     let started = std::time::Instant::now();
-    let planned = tokio::task::spawn_blocking(move || {
-        in_background(|| startup_plan(&costs, delegation, max_batch, max_active, exclusive))
-    })
-    .await;
+    let planned = tokio::task::spawn_blocking(move || in_background(|| startup_plan(&costs, &spec))).await;
     match planned {
         Ok(Ok(plan)) => {
-            tracing::info!(delegation, table = ?plan.table, seconds = started.elapsed().as_secs_f64(),
+            tracing::info!(delegation, tokens_per_row = ?plan.tokens_per_row, table = ?plan.table,
+                seconds = started.elapsed().as_secs_f64(),
                 "planned thresholds at start-up (N, thresholds, predicted tok/s)");
             if replanner.adopt_startup(plan) {
                 engine.broadcast_rule(replanner.rule().clone());

@@ -58,6 +58,10 @@ pub struct PlanArgs {
     /// size pooled over its points.
     #[arg(long)]
     from_sweep: Option<PathBuf>,
+    /// Saved `/v1/stats` answers: one file for everything since the server started, or two
+    /// (BEFORE,AFTER) for what it served between them (e.g. one benchmark run).
+    #[arg(long, value_delimiter = ',')]
+    from_stats: Vec<PathBuf>,
     /// Write the threshold table into this config file's `scheduler.thresholds`.
     #[arg(long)]
     write_config: Option<PathBuf>,
@@ -98,10 +102,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
 
 /// The inputs, and the model names when a server told them.
 fn planner_input(args: &PlanArgs) -> anyhow::Result<(PlannerInput, Option<Vec<String>>)> {
+    let sources = [args.from_metrics.is_some(), args.from_sweep.is_some(), !args.from_stats.is_empty()];
+    if sources.iter().filter(|s| **s).count() > 1 {
+        bail!("give one of --from-metrics, --from-sweep, --from-stats");
+    }
     let measured = match (&args.from_metrics, &args.from_sweep) {
-        (Some(_), Some(_)) => bail!("give --from-metrics or --from-sweep, not both"),
-        (Some(url), None) => Some(super::plan_remote::input_from_server(url, args.max_batch)?),
+        (Some(url), _) => Some(super::plan_remote::input_from_server(url, args.max_batch)?),
         (None, Some(path)) => Some(super::plan_remote::input_from_sweep(path, args.max_batch)?),
+        (None, None) if !args.from_stats.is_empty() => {
+            Some(super::plan_remote::input_from_saved_stats(&args.from_stats, args.max_batch)?)
+        }
         (None, None) => None,
     };
     let latencies = given_latencies(args)?;

@@ -38,6 +38,32 @@ pub fn input_from_sweep(path: &std::path::Path, max_batch: usize) -> anyhow::Res
     Ok((input_from_stats(&pooled, &[], 0, max_batch)?, names))
 }
 
+/// The planner input from saved `/v1/stats` answers of one server: one file (everything
+/// since it started) or two (what it served between them), and the model names.
+pub fn input_from_saved_stats(
+    paths: &[std::path::PathBuf],
+    max_batch: usize,
+) -> anyhow::Result<(PlannerInput, Vec<String>)> {
+    let read = |path: &std::path::PathBuf| -> anyhow::Result<(Vec<String>, Vec<SubserverStats>)> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let body: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        parse_stats(&body).with_context(|| format!("reading {}", path.display()))
+    };
+    let (names, stats) = match paths {
+        [only] => read(only)?,
+        [before, after] => {
+            let ((names, earlier), (later_names, later)) = (read(before)?, read(after)?);
+            if names != later_names {
+                bail!("{} and {} are of different models", before.display(), after.display());
+            }
+            (names, later.iter().zip(&earlier).map(|(now, then)| now.since(then)).collect())
+        }
+        _ => bail!("--from-stats takes one file, or two (before, after); got {}", paths.len()),
+    };
+    Ok((input_from_stats(&stats, &[], 0, max_batch)?, names))
+}
+
 /// `http://host:port`, `.../metrics` or `.../v1/stats` all mean the same server.
 fn stats_url(base: &str) -> String {
     let trimmed = base.trim_end_matches('/');
@@ -84,5 +110,44 @@ mod tests {
         assert_eq!(names, vec!["small", "large"]);
         assert_eq!(stats[0], small);
         assert!(parse_stats(&serde_json::json!({ "models": [] })).is_err());
+    }
+
+    /// A saved `/v1/stats` body of two models whose small one ran `rows` rows of one token
+    /// in `rows` steps of 5 ms, delegating `delegated` of them.
+    fn saved(dir: &std::path::Path, name: &str, rows: u64, delegated: u64) -> std::path::PathBuf {
+        let mut small = SubserverStats { rows, tokens_committed: rows - delegated, ..Default::default() };
+        small.handoffs_to = vec![0, delegated];
+        for _ in 0..rows {
+            small.record_step(1, 1, std::time::Duration::from_millis(5));
+            small.steps += 1;
+        }
+        let mut large = SubserverStats { rows: delegated, tokens_committed: delegated, ..Default::default() };
+        large.handoffs_to = vec![delegated, 0];
+        for _ in 0..delegated {
+            large.record_step(1, 10, std::time::Duration::from_millis(20));
+            large.steps += 1;
+        }
+        let body = serde_json::json!({ "models": [
+            { "model": "small", "stats": serde_json::to_value(&small).unwrap() },
+            { "model": "large", "stats": serde_json::to_value(&large).unwrap() },
+        ]});
+        let path = dir.join(name);
+        std::fs::write(&path, body.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn two_saved_stats_give_what_was_served_between_them() {
+        let dir = tempfile::tempdir().unwrap();
+        // 100 rows delegating 10%, then 400 more delegating 50%.
+        let before = saved(dir.path(), "before.json", 100, 10);
+        let after = saved(dir.path(), "after.json", 500, 210);
+        let (input, names) = input_from_saved_stats(&[before.clone(), after.clone()], 64).unwrap();
+        assert_eq!(names, vec!["small", "large"]);
+        assert!((input.route[0][1] - 0.5).abs() < 1e-12, "{:?}", input.route);
+        let (since_start, _) = input_from_saved_stats(&[after.clone()], 64).unwrap();
+        assert!((since_start.route[0][1] - 0.42).abs() < 1e-12, "{:?}", since_start.route);
+        let e = input_from_saved_stats(&[before.clone(), after.clone(), after], 64).unwrap_err();
+        assert!(e.to_string().contains("one file, or two"), "{e}");
     }
 }

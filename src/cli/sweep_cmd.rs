@@ -125,7 +125,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let predict = predictor(spec.limits.max_batch_rows);
+    let predict = predictor(spec.limits.max_batch_rows, spec.exclusive_compute);
     let outcome = runtime.block_on(sweep::run(&spec, &predict, &mut observe))?;
     bar.finish_and_clear();
     print_table(&outcome.points);
@@ -163,12 +163,12 @@ fn print_checks(checks: &[PlanCheck]) {
 /// The planner's prediction at a point, from what the engine did there: step latency by
 /// batch rows, routing and commit rates over the window. Feeding it the measured inputs
 /// isolates the Markov model's own error from errors in profiling or routing estimates.
-fn predictor(max_batch: usize) -> impl Fn(usize, &[usize], &SweepPoint) -> Option<f64> {
+fn predictor(max_batch: usize, exclusive: bool) -> impl Fn(usize, &[usize], &SweepPoint) -> Option<f64> {
     move |n, thresholds, measured| {
         let stats: Vec<SubserverStats> = measured.models.iter().map(|m| m.stats.clone()).collect();
         // The first model is the entry model (see --model).
         let prediction = planner::input_from_stats(&stats, &[], 0, max_batch)
-            .and_then(|input| planner::predict(&input, n, thresholds));
+            .and_then(|input| planner::predict(&planner::PlannerInput { exclusive, ..input }, n, thresholds));
         match prediction {
             Ok(p) => Some(p.tokens_per_sec),
             Err(e) => {

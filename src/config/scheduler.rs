@@ -108,6 +108,12 @@ pub struct ReplanSection {
     /// Plan a table per N at start-up from the models' costs.
     #[serde(default = "defaults::startup_profile")]
     pub plan_at_start: bool,
+    /// The mean prompt and output lengths the start-up plan assumes (re-planning then
+    /// reads what rows really feed).
+    #[serde(default = "defaults::expected_prompt_tokens")]
+    pub expected_prompt_tokens: f64,
+    #[serde(default = "defaults::expected_output_tokens")]
+    pub expected_output_tokens: f64,
 }
 
 impl Default for ReplanSection {
@@ -118,6 +124,8 @@ impl Default for ReplanSection {
             min_steps: defaults::replan_min_steps(),
             confirmations: defaults::replan_confirmations(),
             plan_at_start: true,
+            expected_prompt_tokens: defaults::expected_prompt_tokens(),
+            expected_output_tokens: defaults::expected_output_tokens(),
         }
     }
 }
@@ -230,6 +238,14 @@ mod defaults {
 
     pub fn replan_confirmations() -> u32 {
         ReplanConfig::default().confirmations
+    }
+
+    pub fn expected_prompt_tokens() -> f64 {
+        ReplanConfig::default().workload.prompt_tokens
+    }
+
+    pub fn expected_output_tokens() -> f64 {
+        ReplanConfig::default().workload.output_tokens
     }
 
     pub fn draft_tokens() -> usize {

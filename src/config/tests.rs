@@ -206,6 +206,19 @@ fn the_planner_is_on_by_default_and_hand_thresholds_turn_it_off() {
 }
 
 #[test]
+fn the_start_up_plan_assumes_the_workload_it_is_told() {
+    let default = parse(PAIR).unwrap().replan_config().unwrap();
+    assert_eq!(default.workload, tokenrouter_core::sched::planner::WorkloadPrior::default());
+    let told = "scheduler: {replan: {expected_prompt_tokens: 100, expected_output_tokens: 64}}\n";
+    let workload = parse(&with_pair(told)).unwrap().replan_config().unwrap().workload;
+    assert_eq!((workload.prompt_tokens, workload.output_tokens), (100.0, 64.0));
+    let e = refused(&with_pair("scheduler: {replan: {expected_prompt_tokens: -1}}\n"));
+    assert!(e.to_string().contains("scheduler.replan.expected_prompt_tokens"), "{e}");
+    let e = refused(&with_pair("scheduler: {replan: {expected_output_tokens: 0}}\n"));
+    assert!(e.to_string().contains("scheduler.replan.expected_output_tokens"), "{e}");
+}
+
+#[test]
 fn exclusive_compute_is_decided_from_where_the_models_run() {
     assert!(parse(PAIR).unwrap().exclusive_compute(), "two models on this host's CPU take turns");
     assert!(!parse(&with_pair("scheduler: {exclusive_compute: false}\n")).unwrap().exclusive_compute());

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 use tokenrouter_core::model::{cuda::kv_dtype_on_cuda, BackendKind, DeviceSpec, KvDtype, WeightDtype};
-use tokenrouter_core::sched::planner::ReplanConfig;
+use tokenrouter_core::sched::planner::{ReplanConfig, WorkloadPrior};
 
 use serde_json::Value;
 use tokenrouter_core::model::attention::MAX_BLOCK_SIZE;
@@ -193,6 +193,14 @@ impl ServerConfig {
             if replan.confirmations == 0 {
                 p.push("scheduler.replan.confirmations", "must be at least 1 (windows in a row before a switch)");
             }
+            if !(replan.expected_prompt_tokens >= 0.0 && replan.expected_prompt_tokens.is_finite()) {
+                let got = replan.expected_prompt_tokens;
+                p.push("scheduler.replan.expected_prompt_tokens", format!("must be a non-negative number, got {got}"));
+            }
+            if !(replan.expected_output_tokens >= 1.0 && replan.expected_output_tokens.is_finite()) {
+                let got = replan.expected_output_tokens;
+                p.push("scheduler.replan.expected_output_tokens", format!("must be at least 1, got {got}"));
+            }
         }
     }
 
@@ -214,6 +222,10 @@ impl ServerConfig {
             entry_model: 0,
             plan_at_start: section.plan_at_start && self.scheduler.thresholds.is_empty(),
             exclusive_compute: self.exclusive_compute(),
+            workload: WorkloadPrior {
+                prompt_tokens: section.expected_prompt_tokens,
+                output_tokens: section.expected_output_tokens,
+            },
         })
     }
 

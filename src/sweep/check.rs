@@ -50,9 +50,12 @@ pub fn pooled_stats(points: &[SweepPoint]) -> Vec<SubserverStats> {
     (0..models).map(|i| points.iter().fold(SubserverStats::default(), |acc, p| acc.plus(&p.models[i].stats))).collect()
 }
 
-pub fn pooled_input(points: &[SweepPoint], max_batch: usize) -> anyhow::Result<PlannerInput> {
+/// `exclusive`: the sweep's models took turns on the compute, so the planner's chain
+/// must let one step at a time.
+pub fn pooled_input(points: &[SweepPoint], max_batch: usize, exclusive: bool) -> anyhow::Result<PlannerInput> {
     // The first model is the entry model (as the sweep's engine order says).
-    Ok(planner::input_from_stats(&pooled_stats(points), &[], 0, max_batch)?)
+    let input = planner::input_from_stats(&pooled_stats(points), &[], 0, max_batch)?;
+    Ok(PlannerInput { exclusive, ..input })
 }
 
 /// Fresh interleaved windows of the planner's choice and of the grid's best.
@@ -66,7 +69,7 @@ pub(super) async fn check_plans(
     points: &mut Vec<SweepPoint>,
     observe: &mut dyn FnMut(SweepEvent<'_>),
 ) -> anyhow::Result<Vec<PlanCheck>> {
-    let input = pooled_input(points, spec.limits.max_batch_rows)?;
+    let input = pooled_input(points, spec.limits.max_batch_rows, spec.exclusive_compute)?;
     let concurrencies = spec.concurrencies.clone();
     // No load runs between concurrencies, so the search's CPU time disturbs nothing.
     let plans: Vec<Plan> = tokio::task::spawn_blocking(move || {

@@ -4,7 +4,7 @@
 
 use super::*;
 use tokenrouter_core::model::StepCostSource;
-use tokenrouter_core::sched::planner::{PlannerStatus, ReplanConfig, RuleSource};
+use tokenrouter_core::sched::planner::{PlannerStatus, ReplanConfig, RuleSource, WorkloadPrior};
 
 fn planned_config(m: &mut Models) -> EngineConfig {
     for load in &mut m.load {
@@ -16,6 +16,8 @@ fn planned_config(m: &mut Models) -> EngineConfig {
         interval: Duration::from_millis(200),
         margin: 0.0,
         min_steps: 10,
+        // What `request` sends: prompts of 2 to 30 tokens, 10 to 20 out.
+        workload: WorkloadPrior { prompt_tokens: 16.0, output_tokens: 15.0 },
         ..ReplanConfig::default()
     });
     config

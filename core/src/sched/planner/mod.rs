@@ -22,12 +22,12 @@ mod tests;
 
 pub use latency::LatencyTable;
 pub use observed::input_from_stats;
-pub use replan::{PendingSwitch, PlannerStatus, Replan, ReplanConfig, Replanner, RuleSource};
+pub use replan::{PendingSwitch, PlannerStatus, Replan, ReplanConfig, Replanner, RuleSource, WindowEstimate};
 pub use search::{feasible_thresholds, plan_table, search, search_with, Candidate, Plan, SearchOptions};
 pub use solve::Prediction;
 pub use startup::{
-    startup_input, startup_plan, table_rule, StartupPlan, DEFAULT_DELEGATION_PRIOR, ONLINE_DELTA_DIVISOR,
-    ONLINE_MAX_UNITS, STARTUP_CONCURRENCIES,
+    startup_input, startup_plan, table_rule, StartupPlan, StartupSpec, WorkloadPrior, DEFAULT_DELEGATION_PRIOR,
+    ONLINE_DELTA_DIVISOR, ONLINE_MAX_UNITS, STARTUP_CONCURRENCIES,
 };
 
 /// Most models the chain represents (state keys pack four models).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{input_from_stats, predict, search, table_rule, LatencyTable, PlanError, StartupPlan};
+use super::{input_from_stats, predict, search, table_rule, LatencyTable, PlanError, StartupPlan, WorkloadPrior};
 use crate::sched::{BatchingRule, SubserverStats, Threshold};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +32,8 @@ pub struct ReplanConfig {
     pub plan_at_start: bool,
     /// The models take turns on shared compute (the engine's `exclusive_compute`).
     pub exclusive_compute: bool,
+    /// The prompt and output lengths the start-up plan assumes.
+    pub workload: WorkloadPrior,
 }
 
 impl Default for ReplanConfig {
@@ -45,6 +47,7 @@ impl Default for ReplanConfig {
             entry_model: 0,
             plan_at_start: true,
             exclusive_compute: false,
+            workload: WorkloadPrior::default(),
         }
     }
 }
@@ -77,6 +80,20 @@ pub enum RuleSource {
     Replanned,
 }
 
+/// What the last trusted window predicted at the N it served: the thresholds in force
+/// against the best, from the window's own counters. Beside the measured throughput it
+/// shows how far the planner's model is off.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowEstimate {
+    pub active: usize,
+    pub thresholds: Vec<usize>,
+    pub predicted_tokens_per_sec: f64,
+    pub best_thresholds: Vec<usize>,
+    pub best_predicted_tokens_per_sec: f64,
+    /// Mean tokens a row fed on each model in the window.
+    pub tokens_per_row: Vec<f64>,
+}
+
 /// A switch the last windows called for, not yet made.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PendingSwitch {
@@ -91,6 +108,7 @@ pub struct PlannerStatus {
     pub replanning: bool,
     pub startup: Option<StartupPlan>,
     pub last_replan: Option<Replan>,
+    pub last_window: Option<WindowEstimate>,
     /// Better thresholds some windows agreed on, waiting for `confirmations` in a row.
     pub pending: Option<PendingSwitch>,
     /// Thresholds planned per N (start-up and re-planned).
@@ -109,6 +127,7 @@ pub struct Replanner {
     source: RuleSource,
     startup: Option<StartupPlan>,
     last: Option<Replan>,
+    last_window: Option<WindowEstimate>,
     /// The better thresholds the last windows agreed on, and how many windows did.
     pending: Option<(Vec<usize>, u32)>,
 }
@@ -124,6 +143,7 @@ impl Replanner {
             source: RuleSource::Configured,
             startup: None,
             last: None,
+            last_window: None,
             pending: None,
         }
     }
@@ -155,6 +175,7 @@ impl Replanner {
             replanning: self.source != RuleSource::Hand,
             startup: self.startup.clone(),
             last_replan: self.last.clone(),
+            last_window: self.last_window.clone(),
             pending: self.pending.clone().map(|(to, windows)| PendingSwitch { to, windows }),
             planned: self.planned.clone(),
         }
@@ -199,6 +220,15 @@ impl Replanner {
         let now = predict(&input, active, &current)?;
         let plan = search(&input, active)?;
         let best = plan.best;
+        let tokens_per_row: Vec<f64> = window.iter().map(|s| s.tokens_per_row().unwrap_or(0.0)).collect();
+        self.last_window = Some(WindowEstimate {
+            active,
+            thresholds: current.clone(),
+            predicted_tokens_per_sec: now.tokens_per_sec,
+            best_thresholds: best.thresholds.clone(),
+            best_predicted_tokens_per_sec: best.prediction.tokens_per_sec,
+            tokens_per_row: tokens_per_row.clone(),
+        });
         if best.thresholds == current
             || best.prediction.tokens_per_sec <= now.tokens_per_sec * (1.0 + self.config.margin)
         {
@@ -218,7 +248,7 @@ impl Replanner {
             predicted_from: now.tokens_per_sec,
             predicted_to: best.prediction.tokens_per_sec,
             route: input.route.clone(),
-            tokens_per_row: window.iter().map(|s| s.tokens_per_row().unwrap_or(0.0)).collect(),
+            tokens_per_row,
         };
         self.last = Some(replan.clone());
         Ok(Some(replan))
@@ -287,6 +317,9 @@ mod tests {
         assert_eq!(replanner.observe(&served(2), 6).unwrap(), None, "one window calls for a switch, none is made");
         let pending = replanner.status().pending.expect("the switch waits for a second window");
         assert_eq!((pending.windows, replanner.rule().effective(6)), (1, vec![1, 1]));
+        let window = replanner.status().last_window.expect("a trusted window says what it predicted");
+        assert_eq!((window.active, &window.thresholds, &window.best_thresholds), (6, &vec![1, 1], &pending.to));
+        assert!(window.best_predicted_tokens_per_sec > window.predicted_tokens_per_sec);
         let replan = replanner.observe(&served(3), 6).unwrap().expect("batching the large model pays");
         assert_eq!(replan.from, vec![1, 1]);
         assert_eq!(replan.to, pending.to);
@@ -299,6 +332,8 @@ mod tests {
         replanner.rule().validate(2).unwrap();
         // The same traffic again: nothing better to switch to.
         assert_eq!(replanner.observe(&served(4), 6).unwrap(), None);
+        let window = replanner.status().last_window.unwrap();
+        assert_eq!((&window.thresholds, &window.best_thresholds), (&replan.to, &replan.to));
     }
 
     #[test]
