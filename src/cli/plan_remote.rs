@@ -23,8 +23,7 @@ pub fn input_from_server(base: &str, max_batch: usize) -> anyhow::Result<(Planne
 /// The planner input pooled over every point of a `tokenrouter sweep --check-plan`
 /// JSON file, and the model names.
 pub fn input_from_sweep(path: &std::path::Path, max_batch: usize) -> anyhow::Result<(PlannerInput, Vec<String>)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let body: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let body = read_json(path)?;
     let points = body["points"].as_array().with_context(|| format!("{}: no `points` list", path.display()))?;
     let mut pooled: Vec<SubserverStats> = Vec::new();
     let mut names = Vec::new();
@@ -44,11 +43,8 @@ pub fn input_from_saved_stats(
     paths: &[std::path::PathBuf],
     max_batch: usize,
 ) -> anyhow::Result<(PlannerInput, Vec<String>)> {
-    let read = |path: &std::path::PathBuf| -> anyhow::Result<(Vec<String>, Vec<SubserverStats>)> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let body: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        parse_stats(&body).with_context(|| format!("reading {}", path.display()))
+    let read = |path: &std::path::PathBuf| {
+        parse_stats(&read_json(path)?).with_context(|| format!("reading {}", path.display()))
     };
     let (names, stats) = match paths {
         [only] => read(only)?,
@@ -62,6 +58,11 @@ pub fn input_from_saved_stats(
         _ => bail!("--from-stats takes one file, or two (before, after); got {}", paths.len()),
     };
     Ok((input_from_stats(&stats, &[], 0, max_batch)?, names))
+}
+
+fn read_json(path: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// `http://host:port`, `.../metrics` or `.../v1/stats` all mean the same server.
