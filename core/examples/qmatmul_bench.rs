@@ -1,6 +1,6 @@
 //! `model::qmatmul` alone on SmolLM2-135M's matrix shapes (30 layers of Q4_1 q/k/v,
 //! o, gate/up, down and a Q8_0 49152-row head, ~110 MB, more than the caches hold):
-//! weight GB/s at batch 1 and a few rows, beside a plain read of the same bytes (the
+//! weight GB/s at batch 1 and at more rows, beside a plain read of the same bytes (the
 //! ceiling for a kernel that streams its weights once).
 //!
 //! `cargo run --release -p tokenrouter-core --example qmatmul_bench -- [ROUNDS]`
@@ -40,7 +40,7 @@ fn main() {
         std::hint::black_box(sink);
     });
     let mut line = format!("plain read {:.1} GB/s", total as f64 / seconds / 1e9);
-    for rows in [1, 4, 8] {
+    for rows in [1, 4, 8, 32, 128] {
         let x: Vec<f32> = (0..rows * 1536).map(|i| ((i * 7919 % 2001) as f32 - 1000.0) / 1000.0).collect();
         let seconds = best(&mut || {
             for m in &matrices {

@@ -5,8 +5,10 @@
 //! rayon pool. Here the input rows are quantized once per call to 8-bit blocks (a scale
 //! per 32 values, plus the block's sum for Q4_1's offset term), weight blocks are dotted
 //! against them with integer SIMD, each decoded weight block is used for up to
-//! [`R_MAX`] input rows while it sits in registers, and the output rows are split over
-//! the current rayon pool, so a model's own pool runs its matmuls.
+//! [`R_MAX`] input rows while it sits in registers, and the work is split over the
+//! current rayon pool, so a model's own pool runs its matmuls: by weight rows at a few
+//! input rows (decode), by runs of input rows at many (a prompt), where each task's
+//! activations stay in cache and its outputs land in place.
 //!
 //! Error against the f32 product comes from quantizing the activations to 8 bits, as in
 //! ggml; the AVX2 and scalar paths compute the same integer sums and differ only in the
@@ -24,6 +26,9 @@ const QK: usize = 32;
 const R_MAX: usize = 4;
 /// Weight rows per micro-kernel at several input rows.
 const C_MAX: usize = 2;
+/// Input rows per pass over the weights (a multiple of [`R_MAX`]): 64 rows of 8-bit
+/// activations at the widest matrix (1,536 or more columns) still sit in L2.
+const ROW_CHUNK: usize = 16;
 /// Weight rows the batch-1 kernel streams side by side (independent chains to hide the
 /// latency of each block's loads); tasks split the rows in whole groups.
 const ROW_GROUP: usize = 4;
@@ -69,7 +74,7 @@ enum Kernel {
 impl Kernel {
     fn best() -> Kernel {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             return match is_x86_feature_detected!("avxvnni") {
                 true => Kernel::AvxVnni,
                 false => Kernel::Avx2,
@@ -85,13 +90,25 @@ struct QuantizedRows {
     qs: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    /// `d` and `s` again, block-major within each group of [`R_MAX`] rows
+    /// (`[group][block][row in group]`, zero past the last row), so that a tile reads one
+    /// block's scales for all its rows with one vector load.
+    d_by_block: Vec<f32>,
+    s_by_block: Vec<f32>,
     cols: usize,
 }
 
 impl QuantizedRows {
     fn new(kernel: Kernel, x: &[f32], cols: usize) -> QuantizedRows {
         let blocks = x.len() / QK;
-        let mut rows = QuantizedRows { qs: vec![0; x.len()], d: vec![0.0; blocks], s: vec![0.0; blocks], cols };
+        let mut rows = QuantizedRows {
+            qs: vec![0; x.len()],
+            d: vec![0.0; blocks],
+            s: vec![0.0; blocks],
+            d_by_block: Vec::new(),
+            s_by_block: Vec::new(),
+            cols,
+        };
         let parts = x.chunks_exact(QK).zip(rows.qs.chunks_exact_mut(QK)).zip(rows.d.iter_mut().zip(&mut rows.s));
         for ((values, qs), (d, s)) in parts {
             // Per element this costs as much as a few hundred integer MACs of the dot
@@ -105,6 +122,10 @@ impl QuantizedRows {
             // Kept at f16 precision, as ggml stores them.
             *d = f16::from_f32(scale).to_f32();
             *s = f16::from_f32(scale * sum as f32).to_f32();
+        }
+        if x.len() > cols {
+            rows.d_by_block = by_block_in_groups(&rows.d, cols / QK);
+            rows.s_by_block = by_block_in_groups(&rows.s, cols / QK);
         }
         rows
     }
@@ -122,6 +143,27 @@ impl QuantizedRows {
         let blocks = self.cols / QK;
         &self.s[row * blocks..(row + 1) * blocks]
     }
+
+    /// The group-major `d` and `s` of the [`R_MAX`] rows from `row` (a multiple of it).
+    fn group_scales(&self, row: usize) -> (&[f32], &[f32]) {
+        let len = self.cols / QK * R_MAX;
+        let at = row / R_MAX * len;
+        (&self.d_by_block[at..at + len], &self.s_by_block[at..at + len])
+    }
+}
+
+/// Per-row, per-block values (`rows × blocks`) regrouped as `[group][block][row in group]`
+/// for groups of [`R_MAX`] rows, the last group padded with zeros.
+fn by_block_in_groups(values: &[f32], blocks: usize) -> Vec<f32> {
+    let rows = values.len() / blocks;
+    let mut out = vec![0f32; rows.div_ceil(R_MAX) * R_MAX * blocks];
+    for (row, row_values) in values.chunks_exact(blocks).enumerate() {
+        let (group, lane) = (row / R_MAX, row % R_MAX);
+        for (blk, v) in row_values.iter().enumerate() {
+            out[(group * blocks + blk) * R_MAX + lane] = *v;
+        }
+    }
+    out
 }
 
 /// `y[i][j] = Σ_p x[i][p] · W[j][p]` for `x: (m, k)` f32 and `W: (n, k)` stored as
@@ -146,9 +188,13 @@ fn matmul_with(kernel: Kernel, format: Format, w: &[u8], n: usize, k: usize, x: 
         return Ok(vec![0.0; m * n]);
     }
     let xq = QuantizedRows::new(kernel, x, k);
-    // Outputs are computed transposed, `(n, m)`, so that each task owns one contiguous
-    // slice (its weight rows × all input rows); one transpose at the end restores `(m, n)`.
     let threads = rayon::current_num_threads().max(1);
+    if m >= threads * 2 * R_MAX {
+        return Ok(by_input_rows(kernel, format, w, n, row_bytes, &xq, m, threads));
+    }
+    // Few input rows: the weight rows are split over tasks instead. Outputs are computed
+    // transposed, `(n, m)`, so that each task owns one contiguous slice (its weight rows
+    // × all input rows); one transpose at the end restores `(m, n)`.
     // Several tasks per thread even out uneven progress; whole micro-kernels per task.
     let per_task = n.div_ceil(threads * 4).div_ceil(ROW_GROUP).max(1) * ROW_GROUP;
     let mut yt = vec![0f32; n * m];
@@ -175,6 +221,86 @@ fn matmul_with(kernel: Kernel, format: Format, w: &[u8], n: usize, k: usize, x: 
     Ok(y)
 }
 
+/// Many input rows (a prompt): tasks own runs of whole output rows, each task meeting
+/// every weight row, so outputs land in place (no transpose, which at prefill took as
+/// long as a third of the arithmetic) and a task's activations stay in cache.
+#[allow(clippy::too_many_arguments)]
+fn by_input_rows(
+    kernel: Kernel,
+    format: Format,
+    w: &[u8],
+    n: usize,
+    row_bytes: usize,
+    xq: &QuantizedRows,
+    m: usize,
+    threads: usize,
+) -> Vec<f32> {
+    // At least two tasks per thread, in whole tiles, at most ROW_CHUNK rows each.
+    let rows_per_task = m.div_ceil(threads * 2).div_ceil(R_MAX).clamp(1, ROW_CHUNK / R_MAX) * R_MAX;
+    let mut y = vec![0f32; m * n];
+    let task = |(task, out): (usize, &mut [f32])| {
+        let first = task * rows_per_task;
+        input_rows(kernel, format, w, row_bytes, xq, first..first + out.len() / n, out);
+    };
+    match threads {
+        1 => y.chunks_mut(rows_per_task * n).enumerate().for_each(task),
+        _ => y.par_chunks_mut(rows_per_task * n).enumerate().for_each(task),
+    }
+    y
+}
+
+/// Input rows `rows` (starting at a multiple of [`R_MAX`]) against every weight row,
+/// into `out` (`(rows, n)`, row-major).
+fn input_rows(
+    kernel: Kernel,
+    format: Format,
+    w: &[u8],
+    row_bytes: usize,
+    xq: &QuantizedRows,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let n = w.len() / row_bytes;
+    let mut j = 0;
+    while j < n {
+        let c = C_MAX.min(n - j);
+        let ws = &w[j * row_bytes..(j + c) * row_bytes];
+        let mut i = rows.start;
+        while i < rows.end {
+            let r = R_MAX.min(rows.end - i);
+            let mut tile = [[0f32; C_MAX]; R_MAX];
+            run_tile(kernel, format, ws, row_bytes, xq, i, r, &mut tile);
+            for (a, tile_row) in tile.iter().enumerate().take(r) {
+                let at = (i - rows.start + a) * n + j;
+                out[at..at + c].copy_from_slice(&tile_row[..c]);
+            }
+            i += r;
+        }
+        j += c;
+    }
+}
+
+/// One `r × c` tile (`c` = the weight rows in `ws`) with the best kernel there is.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn run_tile(
+    kernel: Kernel,
+    format: Format,
+    ws: &[u8],
+    row_bytes: usize,
+    xq: &QuantizedRows,
+    i: usize,
+    r: usize,
+    tile: &mut [[f32; C_MAX]; R_MAX],
+) {
+    match kernel {
+        Kernel::Scalar => scalar_tile(format, ws, row_bytes, xq, i, r, tile),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: both are only chosen after detecting AVX2, FMA and F16C.
+        Kernel::Avx2 | Kernel::AvxVnni => unsafe { avx2::tile(format, ws, row_bytes, xq, i, r, tile) },
+    }
+}
+
 /// Every input row against the weight rows in `w`, into `out` (`(rows of w, m)`).
 fn weight_rows(
     kernel: Kernel,
@@ -198,28 +324,29 @@ fn weight_rows(
         return;
     }
     let n = w.len() / row_bytes;
-    let mut j = 0;
-    while j < n {
-        let c = C_MAX.min(n - j);
-        let mut i = 0;
-        while i < m {
-            let r = R_MAX.min(m - i);
-            let mut tile = [[0f32; C_MAX]; R_MAX];
+    // Every pair of weight rows meets every input row; in chunks of input rows that stay
+    // in L2 (at 512 prompt rows a whole input is larger than it), the weights are re-read
+    // once per chunk instead.
+    for chunk in (0..m).step_by(ROW_CHUNK) {
+        let chunk_end = (chunk + ROW_CHUNK).min(m);
+        let mut j = 0;
+        while j < n {
+            let c = C_MAX.min(n - j);
             let ws = &w[j * row_bytes..(j + c) * row_bytes];
-            match kernel {
-                Kernel::Scalar => scalar_tile(format, ws, row_bytes, xq, i, r, &mut tile),
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: both are only chosen after detecting AVX2 and FMA.
-                Kernel::Avx2 | Kernel::AvxVnni => unsafe { avx2::tile(format, ws, row_bytes, xq, i, r, &mut tile) },
-            }
-            for (b, w_row) in out[j * m..(j + c) * m].chunks_exact_mut(m).enumerate() {
-                for a in 0..r {
-                    w_row[i + a] = tile[a][b];
+            let mut i = chunk;
+            while i < chunk_end {
+                let r = R_MAX.min(chunk_end - i);
+                let mut tile = [[0f32; C_MAX]; R_MAX];
+                run_tile(kernel, format, ws, row_bytes, xq, i, r, &mut tile);
+                for (b, w_row) in out[j * m..(j + c) * m].chunks_exact_mut(m).enumerate() {
+                    for a in 0..r {
+                        w_row[i + a] = tile[a][b];
+                    }
                 }
+                i += r;
             }
-            i += r;
+            j += c;
         }
-        j += c;
     }
 }
 
@@ -291,7 +418,7 @@ fn f16_at(block: &[u8], at: usize) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{f16_at, Format, QuantizedRows, C_MAX, QK, ROW_GROUP, R_MAX};
+    use super::{Format, QuantizedRows, C_MAX, QK, ROW_GROUP, R_MAX};
 
     /// How far ahead of the block being read the weights are prefetched.
     const PREFETCH_BYTES: usize = 4096;
@@ -299,8 +426,8 @@ mod avx2 {
     /// Dispatches an `r × c` tile to the micro-kernel compiled for that shape.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA and F16C; `i` is a multiple of [`R_MAX`].
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tile(
         format: Format,
         ws: &[u8],
@@ -328,7 +455,13 @@ mod avx2 {
     /// `R` input rows (from row `i`) against `C` weight rows, block by block: each weight
     /// block is loaded and widened once and multiplied against all `R` rows.
     /// `Q4`: Q4_1 weights (unsigned nibbles plus an offset), else Q8_0 (signed bytes).
-    #[target_feature(enable = "avx2,fma")]
+    ///
+    /// The arithmetic per output is the batch-1 kernel's, operation for operation (so a
+    /// row's result does not depend on its batch); what is shared is the work around it:
+    /// one block's scale products for all `R` rows come from one vector multiply (read
+    /// back by broadcast loads, which cost no arithmetic slot), and Q4_1's offset sums run
+    /// four rows to a vector.
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn micro<const R: usize, const C: usize, const Q4: bool>(
         ws: &[u8],
         row_bytes: usize,
@@ -338,42 +471,40 @@ mod avx2 {
     ) {
         let block_bytes = if Q4 { 4 + QK / 2 } else { 2 + QK };
         let blocks = row_bytes / block_bytes;
-        let w_rows: [&[u8]; C] = std::array::from_fn(|b| &ws[b * row_bytes..(b + 1) * row_bytes]);
-        let x_qs: [&[i8]; R] = std::array::from_fn(|a| xq.row_qs(i + a));
-        let x_d: [&[f32]; R] = std::array::from_fn(|a| xq.row_d(i + a));
-        let x_s: [&[f32]; R] = std::array::from_fn(|a| xq.row_s(i + a));
-        let low_nibbles = _mm_set1_epi8(0x0F);
+        assert!(ws.len() >= C * row_bytes && i.is_multiple_of(R_MAX) && i + R <= xq.qs.len() / xq.cols);
+        let (x_d, x_s) = xq.group_scales(i);
+        let w_base = ws.as_ptr();
+        let x_base = xq.qs.as_ptr().add(i * xq.cols);
+        let nibbles = _mm_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let mut offsets = [[0f32; C]; R];
+        let mut scales = [[0f32; R_MAX]; C];
         for blk in 0..blocks {
+            // SAFETY (all loads below): `ws` holds C rows of `blocks` whole blocks, and
+            // the group's scales and rows `i..i + R` of the activations hold `blocks`
+            // blocks each (asserted above); unaligned loads need no alignment.
+            let x_scale = _mm_loadu_ps(x_d.as_ptr().add(blk * R_MAX));
             let mut wv = [_mm256_setzero_si256(); C];
-            let mut wd = [0f32; C];
-            let mut wm = [0f32; C];
             for b in 0..C {
-                let block = &w_rows[b][blk * block_bytes..(blk + 1) * block_bytes];
+                let block = w_base.add(b * row_bytes + blk * block_bytes);
                 // At few input rows this loop waits on memory: without a hint well ahead
                 // of the stream, batch-1 decode ran at a quarter of the read bandwidth.
                 // Past the end of the matrix the hint is dropped, not faulted.
-                _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(PREFETCH_BYTES) as *const i8);
-                wd[b] = f16_at(block, 0);
-                // SAFETY (both loads): `block` is one whole block, so the 16 nibble
-                // bytes from offset 4 (Q4_1) or the 32 value bytes from offset 2 (Q8_0)
-                // lie inside it; unaligned loads need no alignment.
+                _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES) as *const i8);
+                // d and (Q4_1) m, the block's first four bytes, as f32: lanes 0 and 1.
+                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((block as *const i32).read_unaligned()));
+                _mm_storeu_ps(scales[b].as_mut_ptr(), _mm_mul_ps(_mm_broadcastss_ps(dm), x_scale));
                 wv[b] = if Q4 {
-                    wm[b] = f16_at(block, 2);
-                    let packed = _mm_loadu_si128(block.as_ptr().add(4) as *const __m128i);
-                    let lo = _mm_and_si128(packed, low_nibbles);
-                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), low_nibbles);
+                    let packed = _mm_loadu_si128(block.add(4) as *const __m128i);
+                    let lo = _mm_and_si128(packed, nibbles);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), nibbles);
                     _mm256_set_m128i(hi, lo)
                 } else {
-                    _mm256_loadu_si256(block.as_ptr().add(2) as *const __m256i)
+                    _mm256_loadu_si256(block.add(2) as *const __m256i)
                 };
             }
             for a in 0..R {
-                // SAFETY: row `i + a` holds `blocks` whole blocks of QK bytes.
-                let xv = _mm256_loadu_si256(x_qs[a].as_ptr().add(blk * QK) as *const __m256i);
-                let xd = x_d[a][blk];
+                let xv = _mm256_loadu_si256(x_base.add(a * xq.cols + blk * QK) as *const __m256i);
                 for b in 0..C {
                     // maddubs multiplies unsigned by signed bytes: Q4_1's nibbles are
                     // already unsigned; for Q8_0 the sign of each weight moves onto its
@@ -384,16 +515,28 @@ mod avx2 {
                         _mm256_maddubs_epi16(_mm256_sign_epi8(wv[b], wv[b]), _mm256_sign_epi8(xv, wv[b]))
                     };
                     let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-                    acc[a][b] = _mm256_fmadd_ps(_mm256_set1_ps(wd[b] * xd), sums, acc[a][b]);
-                    if Q4 {
-                        offsets[a][b] += wm[b] * x_s[a][blk];
-                    }
+                    acc[a][b] = _mm256_fmadd_ps(_mm256_broadcast_ss(&scales[b][a]), sums, acc[a][b]);
                 }
             }
         }
-        for a in 0..R {
-            for b in 0..C {
-                out[a][b] = horizontal_sum(acc[a][b]) + offsets[a][b];
+        // Q4_1's offset term, Σ m · s over the blocks, in a pass of its own: inside the
+        // loop above its running sums did not fit in registers beside the tile's.
+        let mut offsets = [_mm_setzero_ps(); C];
+        if Q4 {
+            for blk in 0..blocks {
+                let x_sum = _mm_loadu_ps(x_s.as_ptr().add(blk * R_MAX));
+                for (b, offset) in offsets.iter_mut().enumerate() {
+                    let block = w_base.add(b * row_bytes + blk * block_bytes);
+                    let m = _mm_cvtph_ps(_mm_set1_epi16((block.add(2) as *const i16).read_unaligned()));
+                    *offset = _mm_add_ps(*offset, _mm_mul_ps(m, x_sum));
+                }
+            }
+        }
+        for b in 0..C {
+            let mut offset = [0f32; R_MAX];
+            _mm_storeu_ps(offset.as_mut_ptr(), offsets[b]);
+            for a in 0..R {
+                out[a][b] = horizontal_sum(acc[a][b]) + offset[a];
             }
         }
     }
@@ -542,141 +685,5 @@ mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
-    use candle_core::quantized::QTensor;
-    use candle_core::{Device, Tensor};
-
-    use super::*;
-
-    /// Deterministic values in [-1, 1) from a seed (no rand dependency needed).
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (0..len)
-            .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    fn quantized(format: Format, n: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
-        let dense = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-        let dtype = match format {
-            Format::Q4_1 => GgmlDType::Q4_1,
-            Format::Q8_0 => GgmlDType::Q8_0,
-        };
-        let q = QTensor::quantize(&dense, dtype).unwrap();
-        let back = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        (q.data().unwrap().into_owned(), back)
-    }
-
-    fn dense_product(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let mut y = vec![0f32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                y[i * n + j] = (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum::<f64>() as f32;
-            }
-        }
-        y
-    }
-
-    /// The largest `|a - b|` over the largest `|b|`: the error relative to the output's scale.
-    fn relative_error(a: &[f32], b: &[f32]) -> f32 {
-        let scale = b.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-6);
-        a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs())) / scale
-    }
-
-    #[test]
-    fn simd_and_scalar_agree_and_track_the_dequantized_product() {
-        let best = Kernel::best();
-        for format in [Format::Q4_1, Format::Q8_0] {
-            for &(m, k, n) in &[(1, 32, 1), (1, 64, 7), (3, 96, 5), (8, 576, 33), (33, 256, 64), (2, 1536, 9)] {
-                let seed = (m * 1000 + k * 10 + n) as u64;
-                let (w, w_dense) = quantized(format, n, k, seed);
-                let x = values(m * k, seed + 1);
-                let scalar = matmul_with(Kernel::Scalar, format, &w, n, k, &x, m).unwrap();
-                let fast = matmul_with(best, format, &w, n, k, &x, m).unwrap();
-                let exact = dense_product(&x, &w_dense, m, k, n);
-                // Same integer sums, f32 additions in another order (measured: under 4e-7).
-                let e = relative_error(&fast, &scalar);
-                assert!(e < 1e-5, "{format:?} {m}x{k}x{n}: simd vs scalar {e}");
-                // 8-bit activations: each value is off by up to half a step of amax/127
-                // (0.4% of the block's largest value), errors that mostly cancel in a sum
-                // (measured: 0.3-0.6% of the largest output).
-                let e = relative_error(&scalar, &exact);
-                assert!(e < 1e-2, "{format:?} {m}x{k}x{n}: vs dequantized f32 {e}");
-            }
-        }
-    }
-
-    /// Every kernel this CPU can run, the scalar reference first.
-    fn kernels() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            all.push(Kernel::Avx2);
-            if is_x86_feature_detected!("avxvnni") {
-                all.push(Kernel::AvxVnni);
-            }
-        }
-        all
-    }
-
-    #[test]
-    fn every_kernel_matches_the_plain_dot_product_at_odd_shapes() {
-        // 1..40 weight rows cover whole groups of the batch-1 kernel and every tail;
-        // batches 1-3 take the batch-1 kernel and the tiled one.
-        for format in [Format::Q4_1, Format::Q8_0] {
-            for n in 1..=40 {
-                for &(m, k) in &[(1, 32), (1, 96), (2, 64), (3, 160)] {
-                    let seed = (n * 100 + m * 10 + k) as u64;
-                    let (w, w_dense) = quantized(format, n, k, seed);
-                    let x = values(m * k, seed + 1);
-                    let exact = dense_product(&x, &w_dense, m, k, n);
-                    let reference = matmul_with(Kernel::Scalar, format, &w, n, k, &x, m).unwrap();
-                    for kernel in kernels() {
-                        let got = matmul_with(kernel, format, &w, n, k, &x, m).unwrap();
-                        let e = relative_error(&got, &reference);
-                        assert!(e < 1e-5, "{kernel:?} {format:?} {m}x{k}x{n}: vs scalar {e}");
-                        let e = relative_error(&got, &exact);
-                        assert!(e < 2e-2, "{kernel:?} {format:?} {m}x{k}x{n}: vs dequantized f32 {e}");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn rows_are_independent_of_the_batch_they_are_in() {
-        // A row's output must not depend on its neighbours or on the tile it lands in.
-        let (m, k, n) = (9, 128, 11);
-        for format in [Format::Q4_1, Format::Q8_0] {
-            let (w, _) = quantized(format, n, k, 7);
-            let x = values(m * k, 8);
-            let all = matmul(format, &w, n, k, &x, m).unwrap();
-            for i in 0..m {
-                let one = matmul(format, &w, n, k, &x[i * k..(i + 1) * k], 1).unwrap();
-                assert_eq!(one, all[i * n..(i + 1) * n], "{format:?} row {i}");
-            }
-        }
-    }
-
-    #[test]
-    fn bad_shapes_are_errors_not_panics() {
-        let (w, _) = quantized(Format::Q8_0, 4, 64, 1);
-        assert!(matmul(Format::Q8_0, &w, 4, 64, &[0.0; 63], 1).is_err());
-        assert!(matmul(Format::Q8_0, &w, 5, 64, &[0.0; 64], 1).is_err());
-        assert!(matmul(Format::Q8_0, &w, 4, 48, &[0.0; 48], 1).is_err());
-        assert!(matmul(Format::Q4_1, &w, 4, 64, &[0.0; 64], 1).is_err());
-        assert_eq!(matmul(Format::Q8_0, &w, 4, 64, &[], 0).unwrap(), Vec::<f32>::new());
-    }
-
-    #[test]
-    fn zero_and_nan_rows_do_not_panic() {
-        let (w, _) = quantized(Format::Q4_1, 3, 64, 2);
-        assert_eq!(matmul(Format::Q4_1, &w, 3, 64, &[0.0; 64], 1).unwrap(), vec![0.0; 3]);
-        let mut x = values(64, 3);
-        x[5] = f32::NAN;
-        assert_eq!(matmul(Format::Q4_1, &w, 3, 64, &x, 1).unwrap().len(), 3);
-    }
-}
+#[path = "qmatmul_tests.rs"]
+mod tests;
