@@ -113,3 +113,34 @@ async fn a_stream_reports_cached_tokens_in_its_usage_chunk() {
     assert!(metrics.contains("tokenrouter_prefix_cache_hit_tokens_total"), "{metrics}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_prefix_cache_drops_every_cached_block_and_the_next_request_computes_its_prompt_again() {
+    let Some(server) = TestServer::start_setup(Setup::default(), futures::future::pending()).await else { return };
+    let body = transcript(1);
+    let (status, _) = server.post_json("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+    let (_, again) = server.post_json("/v1/chat/completions", &body).await;
+    assert!(cached_tokens(&again) > 0, "the second send reuses the first one's prompt");
+    server.wait_all_kv_free().await;
+    let cached_before: usize = server.engine.stats().await.iter().map(|s| s.kv.cached_blocks).sum();
+    assert!(cached_before > 0);
+
+    let (status, reset) = server.post_json("/reset_prefix_cache", &json!({})).await;
+    assert_eq!(status, 200, "{reset}");
+    assert_eq!(reset["reset"], true, "{reset}");
+    let models = reset["models"].as_array().unwrap();
+    assert_eq!(models.len(), server.engine.model_names().len(), "{reset}");
+    let dropped: u64 = models.iter().map(|m| m["dropped_blocks"].as_u64().unwrap()).sum();
+    assert_eq!(dropped as usize, cached_before, "{reset}");
+    let stats = server.engine.stats().await;
+    assert!(stats.iter().all(|s| s.kv.cached_blocks == 0), "nothing stays cached");
+    assert!(stats.iter().all(|s| s.kv.free_blocks == s.kv.total_blocks), "the blocks are free again");
+
+    let (status, after) = server.post_json("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(cached_tokens(&after), 0, "the prompt is computed again");
+    let (_, reset) = server.post_json("/reset_prefix_cache", &json!({})).await;
+    assert!(reset["models"].as_array().unwrap().iter().any(|m| m["dropped_blocks"].as_u64().unwrap() > 0));
+    server.stop().await;
+}

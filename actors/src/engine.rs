@@ -32,7 +32,7 @@ use crate::kv_manager::{KvAdmission, KvLedger, KvNeed, KvUsage, SharedPages, Tic
 use crate::kv_sharing::share_colocated_kv;
 pub use crate::launch::GenerationStream;
 use crate::launch::{Launch, StreamLink};
-use crate::messages::{ComputeMsg, Fault, Loaded, ReplanMsg, RequestMsg, SubserverSnapshot};
+use crate::messages::{ComputeMsg, Fault, Loaded, PrefixFlush, ReplanMsg, RequestMsg, SubserverSnapshot};
 use crate::registry::Registry;
 use crate::remote::{self, ClusterConfig, NodeStatus};
 use crate::replan::{PlannerStatusCell, ReplanActor, ReplanArgs};
@@ -422,6 +422,13 @@ impl Engine {
     /// Per-model snapshots: queues, thresholds, KV use, step statistics.
     pub async fn stats(&self) -> Vec<SubserverSnapshot> {
         self.shared.links.snapshots().await
+    }
+
+    /// Drops every model's cached prefix blocks that no request holds (what vLLM's
+    /// `/reset_prefix_cache` does): for benchmarks that must not reuse an earlier
+    /// run's prompts, or after a change that makes cached K/V stale.
+    pub async fn flush_prefix_caches(&self) -> Vec<PrefixFlush> {
+        self.shared.links.flush_prefix_caches().await
     }
 
     /// The remote subservers and the state of their nodes (empty without a cluster).

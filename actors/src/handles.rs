@@ -15,7 +15,7 @@ use tokenrouter_core::stats::Samples;
 use crate::config::SupervisionConfig;
 use crate::error::EngineError;
 use crate::kv_manager::KvAdmission;
-use crate::messages::{ComputeMsg, RequestMsg, SubserverSnapshot};
+use crate::messages::{ComputeMsg, PrefixFlush, RequestMsg, SubserverSnapshot};
 use crate::registry::Registry;
 
 /// How long a stats call may take before the caller gives up on a model.
@@ -92,6 +92,28 @@ impl EngineLinks {
             if let Ok(Ok(snapshot)) = tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await {
                 out.push(snapshot);
             }
+        }
+        out
+    }
+
+    /// Every model drops the prefix blocks no request holds; in model order, with no
+    /// count where a model did not answer within the stats time limit.
+    pub async fn flush_prefix_caches(&self) -> Vec<PrefixFlush> {
+        let asked: Vec<_> = self
+            .computes
+            .iter()
+            .map(|compute| {
+                let (tx, rx) = flume::bounded(1);
+                compute.try_send(ComputeMsg::FlushPrefixCache(tx)).ok().map(|_| rx)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(asked.len());
+        for (name, rx) in self.names.iter().zip(asked) {
+            let dropped_blocks = match rx {
+                Some(rx) => tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await.ok().and_then(Result::ok),
+                None => None,
+            };
+            out.push(PrefixFlush { model: name.clone(), dropped_blocks });
         }
         out
     }

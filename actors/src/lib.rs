@@ -34,5 +34,5 @@ pub use events::{GenerateRequest, GenerationEvent, Usage};
 pub use health::{ModelReadiness, Readiness};
 #[cfg(feature = "test-hooks")]
 pub use launch::set_launch_delay_for_tests;
-pub use messages::{Fault, SubserverSnapshot};
+pub use messages::{Fault, PrefixFlush, SubserverSnapshot};
 pub use tokenrouter_core as core;

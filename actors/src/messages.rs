@@ -24,6 +24,8 @@ pub(crate) enum ComputeMsg {
     SetActive(usize),
     SetRule(BatchingRule),
     Stats(Sender<SubserverSnapshot>),
+    /// Drop the cached prefix blocks no request holds; the answer is how many.
+    FlushPrefixCache(Sender<usize>),
     /// Test hook: panic at a chosen point, as a bug would.
     InjectFault(Fault),
     Shutdown,
@@ -61,6 +63,15 @@ pub struct SubserverSnapshot {
     /// Times it reloaded from its weights after going out of service.
     #[serde(default)]
     pub reloads: u64,
+}
+
+/// One model's answer to a prefix-cache flush.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PrefixFlush {
+    pub model: String,
+    /// Cached blocks dropped; absent where the model did not answer (a remote model,
+    /// which keeps its cache, or one that did not answer in time).
+    pub dropped_blocks: Option<usize>,
 }
 
 /// What a loaded model reports before serving.

@@ -10,7 +10,8 @@ use serde::Serialize;
 use tokenrouter_actors::kv_manager::KvUsage;
 use tokenrouter_actors::tokenizer::RenderedChat;
 use tokenrouter_actors::{
-    Engine, EngineError, Fault, GenerateRequest, GenerationEvent, ModelReadiness, Readiness, SubserverSnapshot,
+    Engine, EngineError, Fault, GenerateRequest, GenerationEvent, ModelReadiness, PrefixFlush, Readiness,
+    SubserverSnapshot,
 };
 use tokenrouter_core::sched::planner::PlannerStatus;
 use tokenrouter_core::stats::Samples;
@@ -138,6 +139,11 @@ pub trait Generator: Send + Sync + 'static {
     fn inject_fault(&self, _model: usize, _fault: Fault) -> Result<(), EngineError> {
         Err(EngineError::InvalidRequest("this server cannot inject faults".into()))
     }
+
+    /// Every model drops the cached prefixes no request holds (`/reset_prefix_cache`).
+    fn flush_prefix_caches(&self) -> BoxFuture<'_, Result<Vec<PrefixFlush>, EngineError>> {
+        async { Err(EngineError::InvalidRequest("this server has no prefix cache to reset".into())) }.boxed()
+    }
 }
 
 impl Generator for Engine {
@@ -237,5 +243,9 @@ impl Generator for Engine {
 
     fn inject_fault(&self, model: usize, fault: Fault) -> Result<(), EngineError> {
         Engine::inject_fault(self, model, fault)
+    }
+
+    fn flush_prefix_caches(&self) -> BoxFuture<'_, Result<Vec<PrefixFlush>, EngineError>> {
+        async move { Ok(Engine::flush_prefix_caches(self).await) }.boxed()
     }
 }

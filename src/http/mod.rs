@@ -14,6 +14,7 @@
 //! `/v1/stats` and `/openapi.json` are operational read-only views and need none.
 
 mod anthropic;
+mod cache;
 mod debug;
 mod error;
 mod extract;
@@ -67,6 +68,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/tokenize", web::post().to(tokenize::tokenize))
         .route("/detokenize", web::post().to(tokenize::detokenize))
         .route("/v1/stats", web::get().to(info::stats))
+        .route("/reset_prefix_cache", web::post().to(cache::reset_prefix_cache))
         .route("/v1/stats/history", web::get().to(history::history))
         .route("/health", web::get().to(info::health))
         .route("/metrics", web::get().to(info::metrics))

@@ -69,6 +69,7 @@ pub fn document(state: &AppState) -> Value {
             "/v1/messages",
             "/v1/messages/count_tokens",
             "/v1/models",
+            "/reset_prefix_cache",
         ];
         for path in secured {
             for operation in doc["paths"][path].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
@@ -138,6 +139,13 @@ fn paths() -> Value {
             "operationId": "statsHistory",
             "summary": "The last ten minutes of stats, one sample every `interval_s` (the dashboard's charts).",
             "responses": { "200": { "description": "Samples, oldest first.", "content": json_content(schema("StatsHistory")) } },
+        }},
+        "/reset_prefix_cache": { "post": {
+            "operationId": "resetPrefixCache",
+            "summary": "Every model drops the cached prompt prefixes no request holds (vLLM's route of that name). Requests in flight keep their K/V.",
+            "responses": { "200": { "description": "Blocks dropped per model; `reset` is false where a model did not answer (a remote model keeps its cache).",
+                                    "content": json_content(schema("PrefixCacheReset")) },
+                           "401": reference("responses", "Error") },
         }},
         "/openapi.json": { "get": {
             "operationId": "openapi",
@@ -224,6 +232,21 @@ fn schemas(b: &Bounds) -> Value {
             },
         },
         "Stats": stats(),
+        "PrefixCacheReset": {
+            "type": "object",
+            "required": ["reset", "models"],
+            "properties": {
+                "reset": { "type": "boolean", "description": "Every model answered." },
+                "models": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["model"],
+                    "properties": {
+                        "model": { "type": "string" },
+                        "dropped_blocks": { "type": "integer", "nullable": true, "description": "Null where the model did not answer." },
+                    },
+                }},
+            },
+        },
         "StatsHistory": stats_history(),
         "ResponseRequest": response_request(b),
         "Response": response_object(),

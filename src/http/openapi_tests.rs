@@ -74,6 +74,7 @@ fn the_document_parses_lists_every_route_and_resolves_its_refs() {
         "/health",
         "/metrics",
         "/openapi.json",
+        "/reset_prefix_cache",
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/messages",
@@ -136,5 +137,6 @@ fn with_keys_the_generation_routes_ask_for_a_bearer_token() {
     assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
     assert_eq!(doc["paths"]["/v1/completions"]["post"]["security"], json!([{ "bearer": [] }]));
     assert_eq!(doc["paths"]["/v1/models"]["get"]["security"], json!([{ "bearer": [] }]));
+    assert_eq!(doc["paths"]["/reset_prefix_cache"]["post"]["security"], json!([{ "bearer": [] }]));
     assert!(doc["paths"]["/health"]["get"].get("security").is_none());
 }

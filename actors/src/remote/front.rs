@@ -271,6 +271,9 @@ impl Link {
                 }
             }
             ComputeMsg::InjectFault(_) => self.send_if_up(Frame::InjectPanic(self.model())),
+            // A node keeps its prefix cache: the reply is dropped unanswered, which the
+            // flush reports as no answer for this model.
+            ComputeMsg::FlushPrefixCache(_) => {}
             ComputeMsg::Shutdown => {}
         }
     }

@@ -189,9 +189,9 @@ impl BlockPool {
         self.lock().prefixes.as_ref().map(|p| p.stats).unwrap_or_default()
     }
 
-    /// Drops every cached block no sequence holds.
-    pub fn flush_prefix_cache(&self) {
-        self.group().flush(self.index);
+    /// Drops every cached block no sequence holds; returns how many it dropped.
+    pub fn flush_prefix_cache(&self) -> usize {
+        self.group().flush(self.index).len()
     }
 
     /// A new, empty sequence drawing from this pool.
