@@ -69,7 +69,7 @@ pub struct SubserverSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PrefixFlush {
     pub model: String,
-    /// Cached blocks dropped; absent where the model did not answer (a remote model,
+    /// Cached blocks dropped; `None` (null in JSON) where the model did not answer (a remote model,
     /// which keeps its cache, or one that did not answer in time).
     pub dropped_blocks: Option<usize>,
 }
