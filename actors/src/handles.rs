@@ -80,40 +80,38 @@ impl EngineLinks {
 
     /// Per-model snapshots from the subservers that answer in time.
     pub async fn snapshots(&self) -> Vec<SubserverSnapshot> {
-        let mut asked = Vec::new();
-        for compute in &self.computes {
-            let (tx, rx) = flume::bounded(1);
-            if compute.try_send(ComputeMsg::Stats(tx)).is_ok() {
-                asked.push(rx);
-            }
-        }
-        let mut out = Vec::new();
-        for rx in asked {
-            if let Ok(Ok(snapshot)) = tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await {
-                out.push(snapshot);
-            }
-        }
-        out
+        self.ask_every_model(ComputeMsg::Stats).await.into_iter().flatten().collect()
     }
 
     /// Every model drops the prefix blocks no request holds; in model order, with no
     /// count where a model did not answer within the stats time limit.
     pub async fn flush_prefix_caches(&self) -> Vec<PrefixFlush> {
+        let answers = self.ask_every_model(ComputeMsg::FlushPrefixCache).await;
+        self.names
+            .iter()
+            .zip(answers)
+            .map(|(name, dropped_blocks)| PrefixFlush { model: name.clone(), dropped_blocks })
+            .collect()
+    }
+
+    /// Asks every model at once and waits for each answer up to the stats time limit;
+    /// in model order, `None` where a model's inbox was full or it did not answer.
+    async fn ask_every_model<T>(&self, question: impl Fn(Sender<T>) -> ComputeMsg) -> Vec<Option<T>> {
         let asked: Vec<_> = self
             .computes
             .iter()
             .map(|compute| {
                 let (tx, rx) = flume::bounded(1);
-                compute.try_send(ComputeMsg::FlushPrefixCache(tx)).ok().map(|_| rx)
+                compute.try_send(question(tx)).ok().map(|_| rx)
             })
             .collect();
         let mut out = Vec::with_capacity(asked.len());
-        for (name, rx) in self.names.iter().zip(asked) {
-            let dropped_blocks = match rx {
+        for rx in asked {
+            let answer = match rx {
                 Some(rx) => tokio::time::timeout(STATS_TIMEOUT, rx.recv_async()).await.ok().and_then(Result::ok),
                 None => None,
             };
-            out.push(PrefixFlush { model: name.clone(), dropped_blocks });
+            out.push(answer);
         }
         out
     }
