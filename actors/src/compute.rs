@@ -254,7 +254,9 @@ impl ComputeLoop {
                 }
             }
             if self.sub.should_launch(Instant::now()) {
-                self.step();
+                if !self.step(rx) {
+                    return;
+                }
                 continue;
             }
             let msg = match self.sub.deadline() {
@@ -323,15 +325,37 @@ impl ComputeLoop {
         }
     }
 
-    fn step(&mut self) {
+    /// One step, in this model's turn where models share the cores; false when a
+    /// message taken in while waiting for the turn said to shut down.
+    fn step(&mut self, rx: &Receiver<ComputeMsg>) -> bool {
         let turn = self.links.turn.clone();
         let guard = turn.as_ref().map(|t| t.lock());
-        let outcome = self.sub.step();
-        // Fair hand-over: a waiting model gets the next turn.
-        if let Some(guard) = guard {
-            parking_lot::MutexGuard::unlock_fair(guard);
+        if guard.is_some() {
+            // Rows a peer handed here while this model waited for its turn join this
+            // step: a peer's short step (a tiny model's, a draft's) often ends by
+            // sending back the very rows this step would otherwise run without.
+            while let Ok(msg) = rx.try_recv() {
+                if !self.handle(msg) {
+                    return false;
+                }
+            }
+            if !self.sub.should_launch(Instant::now()) {
+                return true;
+            }
         }
+        let outcome = self.sub.step();
+        let handed_over = !outcome.handoffs.is_empty();
+        // Handoffs go out before the turn does, so that a peer waiting for the turn
+        // finds them in its inbox when it gets it.
         self.dispatch(outcome);
+        if let (Some(guard), Some(turn)) = (guard, turn.as_deref()) {
+            // Fair hand-over: a waiting model gets the next turn.
+            parking_lot::MutexGuard::unlock_fair(guard);
+            if handed_over {
+                let_peer_take_the_turn(turn);
+            }
+        }
+        true
     }
 
     /// After a panic: take out what it interrupted, have the owners of those requests
@@ -553,5 +577,24 @@ impl ComputeLoop {
             failed: self.health.failed,
             reloads: self.health.reloads,
         }
+    }
+}
+
+/// How long a model that just handed rows to a peer sharing its cores leaves the turn
+/// to that peer: long enough for the peer's thread to wake and queue for it.
+const PEER_TURN_GRACE: Duration = Duration::from_micros(200);
+
+/// After a step that handed rows to peers, waits (at most [`PEER_TURN_GRACE`]) until one
+/// of them holds the turn. Without it this model's thread, already running, would take
+/// the turn back before the peer woke: each row a peer sends straight back (R-Stitch's
+/// small model, unsure, returns it at once) then missed the next step here, and a step
+/// at N = 4 ran 2.6 rows on average instead of 4. The planner's chain assumes what
+/// this gives: a model that waited takes the next turn.
+fn let_peer_take_the_turn(turn: &parking_lot::Mutex<()>) {
+    let start = Instant::now();
+    // Sleeps, not spins: on two cores a spinning thread can hold the core the peer
+    // needs to wake on.
+    while !turn.is_locked() && start.elapsed() < PEER_TURN_GRACE {
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
