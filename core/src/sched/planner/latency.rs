@@ -34,6 +34,11 @@ impl LatencyTable {
         &self.points
     }
 
+    /// The same table with every latency times `factor` (a visit that takes several steps).
+    pub fn scaled(&self, factor: f64) -> Self {
+        LatencyTable { points: self.points.iter().map(|&(b, ms)| (b, ms * factor)).collect() }
+    }
+
     /// Milliseconds of one step over `batch` rows.
     pub fn at(&self, batch: usize) -> f64 {
         let x = batch.max(1) as f64;

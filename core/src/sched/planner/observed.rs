@@ -5,6 +5,7 @@
 
 use super::cost::{corrected, latency_by_rows, served_cost};
 use super::{LatencyTable, PlanError, PlannerInput};
+use crate::sched::request::draft_model;
 use crate::sched::SubserverStats;
 
 /// A batch size needs this many observed steps before its latency is trusted.
@@ -25,9 +26,13 @@ pub fn input_from_stats(
     let measured: Vec<Option<LatencyTable>> = stats
         .iter()
         .enumerate()
-        .map(|(i, s)| match corrected(priors.get(i).and_then(Option::as_ref), served_cost(s)) {
-            Some(cost) => Some(latency_by_rows(&cost, s.tokens_per_row().unwrap_or(1.0), max_batch)),
-            None => latency_by_rows_served(s),
+        .map(|(i, s)| {
+            let per_row = match corrected(priors.get(i).and_then(Option::as_ref), served_cost(s)) {
+                Some(cost) => Some(latency_by_rows(&cost, s.tokens_per_row().unwrap_or(1.0), max_batch)),
+                None => latency_by_rows_served(s),
+            };
+            let steps_per_visit = DraftLegs::of(i, stats).steps_per_visit(s);
+            per_row.map(|t| if steps_per_visit == 1.0 { t } else { t.scaled(steps_per_visit) })
         })
         .collect();
     let fastest = stats
@@ -41,7 +46,7 @@ pub fn input_from_stats(
         return Err(PlanError::NoObservations);
     }
     let latencies = measured.into_iter().map(|t| t.unwrap_or_else(|| LatencyTable::constant(fastest))).collect();
-    let (route, commit) = stats.iter().enumerate().map(|(i, s)| routing_of(i, models, s)).unzip();
+    let (route, commit) = (0..models).map(|i| routing_of(i, stats)).unzip();
     Ok(PlannerInput { latencies, route, commit, max_batch, entry_model, delta_ms: None, exclusive: false })
 }
 
@@ -61,10 +66,18 @@ fn latency_by_rows_served(stats: &SubserverStats) -> Option<LatencyTable> {
 /// Row i of the routing and commit matrices. A row that stays commits its token and the
 /// draft tokens its verify step kept (speculative decoding: a verify row commits up to
 /// k + 1); of the rest, the tokens committed beyond the stays belong to the rows that moved.
-fn routing_of(model: usize, models: usize, stats: &SubserverStats) -> (Vec<f64>, Vec<f64>) {
-    let moved: Vec<f64> = (0..models).map(|j| stats.handoffs_to.get(j).copied().unwrap_or(0) as f64).collect();
+///
+/// Draft-model rounds are legs of the chain too: a target's row that asks its draft model
+/// for guesses moves there having committed its token (and the guesses it kept), and the
+/// round on the draft model, one visit of several steps, commits nothing and goes back.
+fn routing_of(model: usize, stats: &[SubserverStats]) -> (Vec<f64>, Vec<f64>) {
+    let models = stats.len();
+    let s = &stats[model];
+    let legs = DraftLegs::of(model, stats);
+    let routed: Vec<f64> = (0..models).map(|j| s.handoffs_to.get(j).copied().unwrap_or(0) as f64).collect();
+    let moved: Vec<f64> = (0..models).map(|j| routed[j] + legs.asks[j] + legs.returns[j]).collect();
     let total_moved: f64 = moved.iter().sum();
-    let rows = (stats.rows as f64).max(total_moved);
+    let rows = legs.visits(s).max(total_moved);
     let mut route = vec![0.0; models];
     let mut commit = vec![1.0; models];
     if rows == 0.0 {
@@ -76,21 +89,72 @@ fn routing_of(model: usize, models: usize, stats: &SubserverStats) -> (Vec<f64>,
     }
     route[model] = (1.0 - route.iter().sum::<f64>()).max(0.0);
     let stays = rows - total_moved;
-    let kept_drafts = stats.accepted_draft_tokens as f64;
-    if total_moved > 0.0 {
-        let own_tokens = (stats.tokens_committed as f64 - kept_drafts).max(0.0);
-        let per_move = ((own_tokens - stays) / total_moved).clamp(0.0, 1.0);
-        (0..models).filter(|&j| j != model).for_each(|j| commit[j] = per_move);
+    let asks: f64 = legs.asks.iter().sum();
+    let kept_drafts = s.accepted_draft_tokens as f64;
+    let total_routed: f64 = routed.iter().sum();
+    let own_tokens = (s.tokens_committed as f64 - kept_drafts).max(0.0);
+    let per_routed = match total_routed > 0.0 {
+        true => ((own_tokens - stays - asks) / total_routed).clamp(0.0, 1.0),
+        false => 0.0,
+    };
+    // Kept guesses go with the rows that verified them: on to the next round when the
+    // request drafts with a model, else (suffix and n-gram drafts) staying here.
+    let kept_per_ask = if asks > 0.0 { kept_drafts / asks } else { 0.0 };
+    for j in (0..models).filter(|&j| j != model && moved[j] > 0.0) {
+        commit[j] = (routed[j] * per_routed + legs.asks[j] * (1.0 + kept_per_ask)) / moved[j];
     }
-    if stays > 0.0 {
+    if stays > 0.0 && asks == 0.0 {
         commit[model] = 1.0 + kept_drafts / stays;
     }
     (route, commit)
 }
 
+/// A model's draft-model legs in a window, by peer: rounds it asked of a draft model, and
+/// rounds it answered for a target (each ends with one row going back).
+struct DraftLegs {
+    asks: Vec<f64>,
+    returns: Vec<f64>,
+}
+
+impl DraftLegs {
+    fn of(model: usize, stats: &[SubserverStats]) -> Self {
+        let models = stats.len();
+        let asks = (0..models)
+            .map(|j| match draft_model(model) == Some(j) && j != model {
+                true => stats[model].draft_rounds as f64,
+                false => 0.0,
+            })
+            .collect();
+        let returns = (0..models)
+            .map(|j| match draft_model(j) == Some(model) && j != model {
+                true => stats[j].draft_rounds as f64,
+                false => 0.0,
+            })
+            .collect();
+        DraftLegs { asks, returns }
+    }
+
+    /// Visits of requests to this model: its rows, with each round it answered counted
+    /// once. A round's guesses are steps in a row for the same requests, so the chain
+    /// takes a round as one visit that costs its steps: requests that asked together
+    /// come back together, as they do in the engine.
+    fn visits(&self, s: &SubserverStats) -> f64 {
+        let guesses = (s.drafts_sampled as f64).min(s.rows as f64);
+        s.rows as f64 - guesses + self.returns.iter().sum::<f64>()
+    }
+
+    fn steps_per_visit(&self, s: &SubserverStats) -> f64 {
+        match self.visits(s) {
+            visits if visits > 0.0 && s.drafts_sampled > 0 => (s.rows as f64 / visits).max(1.0),
+            _ => 1.0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sched::planner::predict;
     use std::time::Duration;
 
     fn close(a: f64, b: f64) -> bool {
@@ -140,6 +204,33 @@ mod tests {
         let input = input_from_stats(&[small, large], &[], 1, 64).unwrap();
         assert!(close(input.commit[1][0], 1.0) && close(input.commit[1][1], 1.0 + 90.0 / 80.0), "{:?}", input.commit);
         input.validate().unwrap();
+    }
+
+    #[test]
+    fn a_draft_model_round_is_a_leg_whose_guesses_commit_nothing() {
+        // The target (model 1): 90 verify rows of 5 tokens, each committing its token and
+        // then asking the draft model for 4 guesses; 150 guesses were kept in all.
+        let mut large = stats(90, 240, vec![0, 0], &[(1, 5, 90, 30.0)]);
+        (large.accepted_draft_tokens, large.draft_rounds) = (150, 90);
+        // The draft model (model 0): 360 rows, one guess each, no routing of its own.
+        let mut small = stats(360, 0, vec![0, 0], &[(1, 1, 360, 5.0)]);
+        small.drafts_sampled = 360;
+        let input = input_from_stats(&[small, large], &[], 1, 64).unwrap();
+        assert_eq!(input.route[1], vec![1.0, 0.0]);
+        assert!(close(input.commit[1][0], 1.0 + 150.0 / 90.0), "{:?}", input.commit);
+        // A round is one visit of four steps, and it goes back.
+        assert_eq!(input.route[0], vec![0.0, 1.0]);
+        assert_eq!(input.commit[0][1], 0.0);
+        assert!(close(input.latencies[0].at(1), 20.0), "{:?}", input.latencies[0]);
+        input.validate().unwrap();
+        // A 30-ms verify step and four 5-ms guesses a round: 240 tokens in 90 rounds. The
+        // requests that ask together draft together (a geometric number of guesses each
+        // would scatter them), so N = 4 runs every step with four rows.
+        for n in [1, 4] {
+            let served = n as f64 * 240.0 / (90.0 * 0.050);
+            let predicted = predict(&input, n, &[1, 1]).unwrap().tokens_per_sec;
+            assert!((predicted - served).abs() < 1e-6 * served, "N = {n}: {predicted} vs {served}");
+        }
     }
 
     #[test]
