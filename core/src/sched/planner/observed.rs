@@ -23,6 +23,7 @@ pub fn input_from_stats(
     max_batch: usize,
 ) -> Result<PlannerInput, PlanError> {
     let models = stats.len();
+    let legs: Vec<DraftLegs> = (0..models).map(|i| DraftLegs::of(i, stats)).collect();
     let measured: Vec<Option<LatencyTable>> = stats
         .iter()
         .enumerate()
@@ -31,8 +32,7 @@ pub fn input_from_stats(
                 Some(cost) => Some(latency_by_rows(&cost, s.tokens_per_row().unwrap_or(1.0), max_batch)),
                 None => latency_by_rows_served(s),
             };
-            let steps_per_visit = DraftLegs::of(i, stats).steps_per_visit(s);
-            per_row.map(|t| if steps_per_visit == 1.0 { t } else { t.scaled(steps_per_visit) })
+            per_row.map(|t| t.scaled(legs[i].steps_per_visit(s)))
         })
         .collect();
     let fastest = stats
@@ -46,7 +46,7 @@ pub fn input_from_stats(
         return Err(PlanError::NoObservations);
     }
     let latencies = measured.into_iter().map(|t| t.unwrap_or_else(|| LatencyTable::constant(fastest))).collect();
-    let (route, commit) = (0..models).map(|i| routing_of(i, stats)).unzip();
+    let (route, commit) = (0..models).map(|i| routing_of(i, &stats[i], &legs[i])).unzip();
     Ok(PlannerInput { latencies, route, commit, max_batch, entry_model, delta_ms: None, exclusive: false })
 }
 
@@ -70,10 +70,8 @@ fn latency_by_rows_served(stats: &SubserverStats) -> Option<LatencyTable> {
 /// Draft-model rounds are legs of the chain too: a target's row that asks its draft model
 /// for guesses moves there having committed its token (and the guesses it kept), and the
 /// round on the draft model, one visit of several steps, commits nothing and goes back.
-fn routing_of(model: usize, stats: &[SubserverStats]) -> (Vec<f64>, Vec<f64>) {
-    let models = stats.len();
-    let s = &stats[model];
-    let legs = DraftLegs::of(model, stats);
+fn routing_of(model: usize, s: &SubserverStats, legs: &DraftLegs) -> (Vec<f64>, Vec<f64>) {
+    let models = legs.asks.len();
     let routed: Vec<f64> = (0..models).map(|j| s.handoffs_to.get(j).copied().unwrap_or(0) as f64).collect();
     let moved: Vec<f64> = (0..models).map(|j| routed[j] + legs.asks[j] + legs.returns[j]).collect();
     let total_moved: f64 = moved.iter().sum();
