@@ -86,6 +86,8 @@ fn sweep_measures_every_feasible_point_and_writes_csv_and_chart() {
         "--chart",
         chart.to_str().unwrap(),
         "--check-plan",
+        "--check-rounds",
+        "2",
         "--check-json",
         check.to_str().unwrap(),
     ]);
@@ -115,6 +117,15 @@ fn sweep_measures_every_feasible_point_and_writes_csv_and_chart() {
         // A pick other than the grid's best is measured again beside it.
         let rounds = c["confirm_rounds"].as_u64().unwrap();
         assert_eq!(rounds == 0, c["chosen"] == c["best_thresholds"], "{c}");
+        if rounds > 0 {
+            assert_eq!(rounds, 2, "--check-rounds 2: {c}");
+            // The two means are those of the rounds reported beside them.
+            for (figures, mean) in [("measured_rounds", measured), ("best_rounds", best)] {
+                let each: Vec<f64> = serde_json::from_value(c[figures].clone()).unwrap();
+                assert_eq!(each.len(), 2, "{c}");
+                assert!((each.iter().sum::<f64>() / 2.0 - mean).abs() < 1e-9, "{c}");
+            }
+        }
         let label = chosen.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
         assert!(stdout.contains(&label), "{stdout}");
         allowed.insert((n, label));

@@ -73,6 +73,10 @@ pub struct SweepArgs {
     /// measure its picks, and report them against the best measured point.
     #[arg(long)]
     check_plan: bool,
+    /// Fresh interleaved windows of the planner's pick and of the grid's best, each,
+    /// in the check (the order alternates between rounds).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    check_rounds: u64,
     /// Where to write the planner check as JSON (with --check-plan).
     #[arg(long, default_value = "sweep-check.json")]
     check_json: PathBuf,
@@ -145,7 +149,7 @@ fn print_checks(checks: &[PlanCheck]) {
     );
     for c in checks {
         println!(
-            "{:>4} {:>8} {:>10.1} {:>10.1} {:>8} {:>10.1} {:>8.1}% {:>7}   prediction {:+.1}%  (grid best {:.1})",
+            "{:>4} {:>8} {:>10.1} {:>10.1} {:>8} {:>10.1} {:>8.1}% {:>7}   prediction {:+.1}%  (grid best {:.1}){}",
             c.concurrency,
             sweep::chart::label(&c.chosen),
             c.predicted_tokens_per_sec,
@@ -155,9 +159,20 @@ fn print_checks(checks: &[PlanCheck]) {
             100.0 * c.share_of_best(),
             c.confirm_rounds,
             100.0 * c.prediction_error(),
-            c.grid_best_tokens_per_sec
+            c.grid_best_tokens_per_sec,
+            round_spread(c)
         );
     }
+}
+
+/// Each round's figures, chosen / best, when the two were measured again.
+fn round_spread(c: &PlanCheck) -> String {
+    if c.measured_rounds.is_empty() {
+        return String::new();
+    }
+    let rounds: Vec<String> =
+        c.measured_rounds.iter().zip(&c.best_rounds).map(|(m, b)| format!("{m:.1}/{b:.1}")).collect();
+    format!("  rounds chosen/best: {}", rounds.join(", "))
 }
 
 /// The planner's prediction at a point, from what the engine did there: step latency by
@@ -218,6 +233,7 @@ fn spec(args: &SweepArgs) -> anyhow::Result<SweepSpec> {
         limits: StepLimits::default(),
         exclusive_compute: args.exclusive,
         check_plan: args.check_plan,
+        check_rounds: args.check_rounds as usize,
     })
 }
 

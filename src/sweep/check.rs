@@ -30,6 +30,10 @@ pub struct PlanCheck {
     /// Fresh windows per point behind the two measured figures (0: the grid's own
     /// window, when the planner chose the grid's best).
     pub confirm_rounds: usize,
+    /// Each fresh window's tok/s at the choice and at the grid's best, round by round:
+    /// the spread behind the two means.
+    pub measured_rounds: Vec<f64>,
+    pub best_rounds: Vec<f64>,
 }
 
 impl PlanCheck {
@@ -57,9 +61,6 @@ pub fn pooled_input(points: &[SweepPoint], max_batch: usize, exclusive: bool) ->
     let input = planner::input_from_stats(&pooled_stats(points), &[], 0, max_batch)?;
     Ok(PlannerInput { exclusive, ..input })
 }
-
-/// Fresh interleaved windows of the planner's choice and of the grid's best.
-const CONFIRM_ROUNDS: usize = 2;
 
 /// Plans from the grid's points, measures each choice against the grid's best (adding
 /// choices the grid lacked to `points`), and returns one check per N.
@@ -102,15 +103,20 @@ async fn check_one(
         best_measured_tokens_per_sec: grid_best.tokens_per_sec,
         grid_best_tokens_per_sec: grid_best.tokens_per_sec,
         confirm_rounds: 0,
+        measured_rounds: Vec::new(),
+        best_rounds: Vec::new(),
     };
     if chosen == check.best_thresholds {
         return Ok(check);
     }
     let contenders = [chosen.clone(), check.best_thresholds.clone()];
     let windows = measure_interleaved(engine, spec, n, &contenders, observe).await?;
-    let mean = |i: usize| windows[i].iter().map(|p| p.tokens_per_sec).sum::<f64>() / windows[i].len() as f64;
-    (check.measured_tokens_per_sec, check.best_measured_tokens_per_sec) = (mean(0), mean(1));
-    check.confirm_rounds = CONFIRM_ROUNDS;
+    let rates = |i: usize| windows[i].iter().map(|p| p.tokens_per_sec).collect::<Vec<f64>>();
+    (check.measured_rounds, check.best_rounds) = (rates(0), rates(1));
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    (check.measured_tokens_per_sec, check.best_measured_tokens_per_sec) =
+        (mean(&check.measured_rounds), mean(&check.best_rounds));
+    check.confirm_rounds = check.measured_rounds.len();
     if !points.iter().any(|p| p.concurrency == n && p.thresholds == chosen) {
         points.push(windows[0][0].clone());
     }
@@ -121,7 +127,8 @@ fn grid_best(points: &[SweepPoint], n: usize) -> Option<SweepPoint> {
     points.iter().filter(|p| p.concurrency == n).max_by(|a, b| a.tokens_per_sec.total_cmp(&b.tokens_per_sec)).cloned()
 }
 
-/// `CONFIRM_ROUNDS` windows of each contender, alternating, under one closed loop.
+/// `spec.check_rounds` windows of each contender under one closed loop, the order
+/// reversed every other round so that neither always measures after the other.
 async fn measure_interleaved(
     engine: &Engine,
     spec: &SweepSpec,
@@ -132,8 +139,10 @@ async fn measure_interleaved(
     let load = ClosedLoop::start(engine, n, request_shape(engine, spec));
     let mut windows = vec![Vec::new(); contenders.len()];
     let mut failure = None;
-    'rounds: for _ in 0..CONFIRM_ROUNDS {
-        for (i, thresholds) in contenders.iter().enumerate() {
+    'rounds: for round in 0..spec.check_rounds.max(1) {
+        for k in 0..contenders.len() {
+            let i = if round % 2 == 0 { k } else { contenders.len() - 1 - k };
+            let thresholds = &contenders[i];
             observe(SweepEvent::Warming { concurrency: n, thresholds });
             match measure_point(engine, &load, spec, n, thresholds).await {
                 Ok(point) => {

@@ -45,6 +45,8 @@ pub struct SweepSpec {
     /// After the grid, let the planner choose thresholds from the pooled counters and
     /// measure its choices (see [`check`]).
     pub check_plan: bool,
+    /// Fresh windows of the planner's choice and of the grid's best, each, in the check.
+    pub check_rounds: usize,
 }
 
 /// What a sweep measured.

@@ -19,9 +19,9 @@ pub struct ReplanConfig {
     pub margin: f64,
     /// Steps (all models together) a window needs before it is trusted.
     pub min_steps: u64,
-    /// Consecutive windows that must pick the same better thresholds before a switch:
-    /// one window's estimate can be far off (a burst of prefills, a client's pause), and
-    /// a switch on it alone flaps between windows.
+    /// Consecutive windows that must predict the same better thresholds a gain before a
+    /// switch: one window's estimate can be far off (a burst of prefills, a client's
+    /// pause), and a switch on it alone flaps between windows.
     pub confirmations: u32,
     /// The engine's max batch rows.
     pub max_batch: usize,
@@ -109,10 +109,18 @@ pub struct PlannerStatus {
     pub startup: Option<StartupPlan>,
     pub last_replan: Option<Replan>,
     pub last_window: Option<WindowEstimate>,
-    /// Better thresholds some windows agreed on, waiting for `confirmations` in a row.
+    /// Better thresholds the last windows predicted a gain, waiting for `confirmations`
+    /// windows in a row.
     pub pending: Option<PendingSwitch>,
     /// Thresholds planned per N (start-up and re-planned).
     pub planned: BTreeMap<usize, Vec<usize>>,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    active: usize,
+    to: Vec<usize>,
+    windows: u32,
 }
 
 /// Owns the thresholds the engine runs with and what it learned per N.
@@ -128,8 +136,9 @@ pub struct Replanner {
     startup: Option<StartupPlan>,
     last: Option<Replan>,
     last_window: Option<WindowEstimate>,
-    /// The better thresholds the last windows agreed on, and how many windows did.
-    pending: Option<(Vec<usize>, u32)>,
+    /// The better thresholds the last windows predicted a gain at N = `active`, and how
+    /// many windows did.
+    pending: Option<Pending>,
 }
 
 impl Replanner {
@@ -176,7 +185,7 @@ impl Replanner {
             startup: self.startup.clone(),
             last_replan: self.last.clone(),
             last_window: self.last_window.clone(),
-            pending: self.pending.clone().map(|(to, windows)| PendingSwitch { to, windows }),
+            pending: self.pending.as_ref().map(|p| PendingSwitch { to: p.to.clone(), windows: p.windows }),
             planned: self.planned.clone(),
         }
     }
@@ -229,24 +238,35 @@ impl Replanner {
             best_predicted_tokens_per_sec: best.prediction.tokens_per_sec,
             tokens_per_row: tokens_per_row.clone(),
         });
-        if best.thresholds == current
-            || best.prediction.tokens_per_sec <= now.tokens_per_sec * (1.0 + self.config.margin)
-        {
+        let pays = |tokens_per_sec: f64| tokens_per_sec > now.tokens_per_sec * (1.0 + self.config.margin);
+        // A pending switch stands while each new window still predicts it a gain. Where
+        // the optimum is flat, windows seldom agree on the very best vector ([1, 22],
+        // then [1, 24]), but they do agree that the candidate pays.
+        let held = match &self.pending {
+            Some(p) if p.active == active && p.to != current => {
+                let predicted = predict(&input, active, &p.to)?.tokens_per_sec;
+                pays(predicted).then(|| (p.to.clone(), predicted))
+            }
+            _ => None,
+        };
+        let fresh = (best.thresholds != current && pays(best.prediction.tokens_per_sec))
+            .then(|| (best.thresholds.clone(), best.prediction.tokens_per_sec));
+        let Some((to, predicted_to)) = held.or(fresh) else {
             self.pending = None;
             return Ok(None);
-        }
-        if !self.confirmed(&best.thresholds) {
+        };
+        if !self.confirmed(active, &to) {
             return Ok(None);
         }
-        self.planned.insert(active, best.thresholds.clone());
+        self.planned.insert(active, to.clone());
         self.rule = self.expanded_rule();
         self.source = RuleSource::Replanned;
         let replan = Replan {
             active,
             from: current,
-            to: best.thresholds,
+            to,
             predicted_from: now.tokens_per_sec,
-            predicted_to: best.prediction.tokens_per_sec,
+            predicted_to,
             route: input.route.clone(),
             tokens_per_row,
         };
@@ -254,18 +274,18 @@ impl Replanner {
         Ok(Some(replan))
     }
 
-    /// Counts this window's vote for `thresholds`; true once enough windows in a row
-    /// agreed (the count then starts over).
-    fn confirmed(&mut self, thresholds: &[usize]) -> bool {
-        let votes = match &self.pending {
-            Some((pending, votes)) if pending == thresholds => votes + 1,
+    /// Counts this window's vote for `thresholds` at N = `active`; true once enough
+    /// windows in a row voted for them (the count then starts over).
+    fn confirmed(&mut self, active: usize, thresholds: &[usize]) -> bool {
+        let windows = match &self.pending {
+            Some(p) if p.active == active && p.to == thresholds => p.windows + 1,
             _ => 1,
         };
-        if votes >= self.config.confirmations.max(1) {
+        if windows >= self.config.confirmations.max(1) {
             self.pending = None;
             return true;
         }
-        self.pending = Some((thresholds.to_vec(), votes));
+        self.pending = Some(Pending { active, to: thresholds.to_vec(), windows });
         false
     }
 
@@ -338,35 +358,67 @@ mod tests {
 
     #[test]
     fn windows_that_disagree_switch_nothing() {
-        let costs = [
-            LatencyTable::from_points([(1, 2.0), (64, 2.5), (512, 8.0)]).unwrap(),
-            LatencyTable::from_points([(1, 20.0), (64, 22.0), (512, 60.0)]).unwrap(),
-        ];
+        let costs = card_costs();
         let n = 8;
-        let best = |p: f64| {
-            let input = input_from_stats(&window_at(p, &costs), &[], 0, 64).unwrap().with_online_delta();
-            search(&input, n).unwrap().best.thresholds
-        };
         let (one, other) = (0.05, 0.5);
-        assert_ne!(best(one), best(other));
-        let start = BatchingRule::fixed(&[1, 8]);
-        assert!(best(one) != vec![1, 8] && best(other) != vec![1, 8], "{:?} {:?}", best(one), best(other));
+        assert_ne!(best_at(one, &costs, n), best_at(other, &costs, n));
+        // In force: the best thresholds at the one rate.
+        let start = BatchingRule::fixed(&best_at(one, &costs, n));
         let mut replanner = Replanner::new(ReplanConfig { margin: 0.0, ..Default::default() }, start.clone());
         let mut served = vec![SubserverStats::default(), SubserverStats::default()];
         replanner.observe(&served, n).unwrap();
-        // Windows alternate between two rates: each calls for different thresholds,
-        // never two in a row for the same, so the rule never moves.
+        // Windows alternate between the two rates: each window at the other rate calls
+        // for a switch that the next window, at the one rate, predicts no gain for.
         for i in 0..6 {
-            let p = if i % 2 == 0 { one } else { other };
+            let p = if i % 2 == 0 { other } else { one };
             served = served.iter().zip(window_at(p, &costs)).map(|(total, w)| total.plus(&w)).collect();
             assert_eq!(replanner.observe(&served, n).unwrap(), None, "window {i}");
-            assert_eq!(replanner.status().pending.map(|p| p.windows), Some(1));
+            let pending = replanner.status().pending.map(|p| p.windows);
+            assert_eq!(pending, if p == other { Some(1) } else { None }, "window {i}");
         }
         assert_eq!(replanner.rule(), &start);
-        // One more window at the last rate: two in a row agree, and it switches.
-        served = served.iter().zip(window_at(other, &costs)).map(|(total, w)| total.plus(&w)).collect();
-        let replan = replanner.observe(&served, n).unwrap().expect("two agreeing windows");
-        assert_eq!(replan.to, best(other));
+        // Two windows in a row at the other rate agree, and it switches.
+        let mut look = |replanner: &mut Replanner| {
+            served = served.iter().zip(window_at(other, &costs)).map(|(total, w)| total.plus(&w)).collect();
+            replanner.observe(&served, n).unwrap()
+        };
+        assert_eq!(look(&mut replanner), None, "one window is not enough");
+        let replan = look(&mut replanner).expect("two agreeing windows");
+        assert_eq!(replan.to, best_at(other, &costs, n));
+    }
+
+    #[test]
+    fn a_flat_optimum_switches_though_windows_name_different_best_thresholds() {
+        let costs = card_costs();
+        let n = 16;
+        let start = BatchingRule::eager(2);
+        let predicted = |p: f64, thresholds: &[usize]| {
+            let input = input_from_stats(&window_at(p, &costs), &[], 0, 64).unwrap().with_online_delta();
+            predict(&input, n, thresholds).unwrap().tokens_per_sec
+        };
+        let pays = |p: f64, thresholds: &[usize]| predicted(p, thresholds) > predicted(p, &[1, 1]) * 1.05;
+        // Two nearby routing rates whose best thresholds differ, each of which the other
+        // window still predicts a gain over [1, 1]: a flat optimum seen through noise.
+        let rates = [0.1, 0.12, 0.14, 0.16, 0.18, 0.2, 0.25, 0.3];
+        let (first, second) = rates
+            .windows(2)
+            .map(|w| (w[0], w[1]))
+            .find(|&(a, b)| {
+                let (x, y) = (best_at(a, &costs, n), best_at(b, &costs, n));
+                x != y && pays(a, &x) && pays(b, &x) && pays(b, &y)
+            })
+            .expect("two nearby rates with different best thresholds that both pay");
+        let mut replanner = Replanner::new(ReplanConfig::default(), start);
+        let mut served = vec![SubserverStats::default(), SubserverStats::default()];
+        replanner.observe(&served, n).unwrap();
+        served = served.iter().zip(window_at(first, &costs)).map(|(total, w)| total.plus(&w)).collect();
+        assert_eq!(replanner.observe(&served, n).unwrap(), None, "one window is not enough");
+        served = served.iter().zip(window_at(second, &costs)).map(|(total, w)| total.plus(&w)).collect();
+        let replan = replanner.observe(&served, n).unwrap().expect("the second window confirms the first's pick");
+        assert_eq!(replan.to, best_at(first, &costs, n), "it switches to the thresholds both windows predicted to pay");
+        assert_ne!(replan.to, best_at(second, &costs, n));
+        assert!(replan.predicted_to > replan.predicted_from * 1.05, "{replan:?}");
+        replanner.rule().validate(2).unwrap();
     }
 
     #[test]
@@ -424,18 +476,26 @@ mod tests {
         vec![small, large]
     }
 
-    #[test]
-    fn a_change_in_the_routing_rate_moves_the_thresholds_to_the_new_best() {
-        let costs = [
+    /// Step costs of a card, where a step's cost barely grows with its rows.
+    fn card_costs() -> [LatencyTable; 2] {
+        [
             LatencyTable::from_points([(1, 2.0), (64, 2.5), (512, 8.0)]).unwrap(),
             LatencyTable::from_points([(1, 20.0), (64, 22.0), (512, 60.0)]).unwrap(),
-        ];
+        ]
+    }
+
+    /// The best thresholds at N = `n` from one window at routing rate `p`.
+    fn best_at(p: f64, costs: &[LatencyTable; 2], n: usize) -> Vec<usize> {
+        let input = input_from_stats(&window_at(p, costs), &[], 0, 64).unwrap().with_online_delta();
+        search(&input, n).unwrap().best.thresholds
+    }
+
+    #[test]
+    fn a_change_in_the_routing_rate_moves_the_thresholds_to_the_new_best() {
+        let costs = card_costs();
         let n = 8;
         let (before, after) = (0.05, 0.5);
-        let best = |p: f64| {
-            let input = input_from_stats(&window_at(p, &costs), &[], 0, 64).unwrap().with_online_delta();
-            search(&input, n).unwrap().best.thresholds
-        };
+        let best = |p: f64| best_at(p, &costs, n);
         assert_ne!(best(before), best(after), "the two rates must call for different thresholds");
         let mut replanner = Replanner::new(ReplanConfig { margin: 0.0, ..Default::default() }, BatchingRule::eager(2));
         let mut served = vec![SubserverStats::default(), SubserverStats::default()];
