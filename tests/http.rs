@@ -578,3 +578,50 @@ async fn malformed_authorization_and_over_long_urls_answer_in_the_envelope() {
     }
     server.shutdown().await;
 }
+
+/// A connection's raw bytes until the server closes it (or 10 s pass), after writing
+/// `request` once `wait` has passed since it opened.
+fn raw_after_idle(addr: std::net::SocketAddr, wait: Duration, request: &[u8]) -> (String, Duration) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let opened = std::time::Instant::now();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::thread::sleep(wait);
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    (String::from_utf8_lossy(&response).into_owned(), opened.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_left_idle_past_common_client_pool_limits_still_serves_its_request() {
+    let engine = Arc::new(Scripted::Says(Vec::new()));
+    let state = AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() }));
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let addr = server.addr();
+    // httpx keeps idle connections 5 s, and actix's own default limit is 5 s: a client
+    // that reuses such a connection must not meet a server giving up on it.
+    let request = b"GET /v1/models HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
+    let (response, _) =
+        tokio::task::spawn_blocking(move || raw_after_idle(addr, Duration::from_secs(6), request)).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_past_the_idle_limit_gets_a_408_in_the_envelope() {
+    let engine = Arc::new(Scripted::Says(Vec::new()));
+    let limits = tokenrouter::http::Limits { idle_connection: Duration::from_secs(1), ..test_limits() };
+    let state =
+        AppState::new(engine, Arc::new(DefaultPolicyOnly { default_name: "random".into() })).with_limits(limits);
+    let server = run_server(state, "127.0.0.1:0", futures::future::pending()).await.unwrap();
+    let addr = server.addr();
+    let (response, elapsed) =
+        tokio::task::spawn_blocking(move || raw_after_idle(addr, Duration::from_millis(1500), b"")).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 408 "), "{response}");
+    let body: Value = serde_json::from_str(response.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_envelope(&body, None);
+    assert_eq!(body["error"]["code"], "request_head_timeout", "{body}");
+    assert!(elapsed < Duration::from_secs(5), "the connection closed after {elapsed:?}");
+    server.shutdown().await;
+}

@@ -140,6 +140,7 @@ pub async fn start(
         max_queued_requests: config.server.max_queued_requests,
         max_tokens_limit: config.max_tokens_limit(generator.max_context()),
         shutdown_grace: Duration::from_secs(config.server.shutdown_grace_secs),
+        idle_connection: Duration::from_secs(config.server.idle_connection_secs.max(1)),
         request: config.server.request_limits(),
         responses: config.server.responses.limits(),
         ..Limits::default()

@@ -230,6 +230,9 @@ pub struct ServerSection {
     /// On SIGINT/SIGTERM, in-flight requests get this long to finish before they are cancelled.
     #[serde(default = "defaults_server::shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
+    /// A connection may wait this long for its next request (its first included).
+    #[serde(default = "defaults_server::idle_connection_secs")]
+    pub idle_connection_secs: u64,
     /// Bounds on user-sized request fields (absent: `RequestLimits::default()`'s).
     #[serde(default)]
     pub max_stop_strings: Option<usize>,
@@ -338,6 +341,7 @@ impl Default for ServerSection {
             max_queued_requests: defaults_server::max_queued_requests(),
             max_tokens_limit: None,
             shutdown_grace_secs: defaults_server::shutdown_grace_secs(),
+            idle_connection_secs: defaults_server::idle_connection_secs(),
             max_stop_strings: None,
             max_stop_string_bytes: None,
             max_stop_token_ids: None,
@@ -400,5 +404,9 @@ mod defaults_server {
 
     pub fn shutdown_grace_secs() -> u64 {
         10
+    }
+
+    pub fn idle_connection_secs() -> u64 {
+        crate::http::Limits::default().idle_connection.as_secs()
     }
 }

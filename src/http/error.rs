@@ -25,6 +25,8 @@ pub enum ApiError {
     MalformedRequest,
     /// 431: the request line and headers are over actix's limit.
     RequestHeadTooLarge,
+    /// 408: a connection's first request was not whole within `Limits::idle_connection`.
+    RequestHeadTimeout,
     /// 401: API keys are configured and the request has none of them.
     Unauthorized,
     /// 404: the `model` field names no served model.
@@ -58,6 +60,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } | ApiError::MalformedRequest => StatusCode::BAD_REQUEST,
             ApiError::RequestHeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::RequestHeadTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::UnknownModel(_) | ApiError::UnknownRoute(_) | ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -76,6 +79,7 @@ impl ApiError {
             ApiError::BadRequest { .. } => ("invalid_request_error", None),
             ApiError::MalformedRequest => ("invalid_request_error", Some("malformed_request")),
             ApiError::RequestHeadTooLarge => ("invalid_request_error", Some("request_header_fields_too_large")),
+            ApiError::RequestHeadTimeout => ("invalid_request_error", Some("request_head_timeout")),
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::UnknownRoute(_) => ("invalid_request_error", Some("not_found")),
@@ -136,6 +140,10 @@ impl fmt::Display for ApiError {
                  in a header value such as Authorization)",
             ),
             ApiError::RequestHeadTooLarge => f.write_str("the request line and headers are over 128 KiB"),
+            ApiError::RequestHeadTimeout => f.write_str(
+                "no whole request arrived on this connection in the server's idle-connection limit \
+                 (server.idle_connection_secs); send it again on a new connection",
+            ),
             ApiError::Unauthorized => f.write_str("invalid or missing API key: send `Authorization: Bearer <key>`"),
             ApiError::UnknownModel(m) => write!(f, "the model `{m}` does not exist; see GET /v1/models"),
             ApiError::UnknownRoute(p) => write!(f, "no route {p}"),
@@ -214,6 +222,7 @@ mod tests {
             (ApiError::bad_request("bad n", Some("n")), 400, Some("n")),
             (ApiError::MalformedRequest, 400, None),
             (ApiError::RequestHeadTooLarge, 431, None),
+            (ApiError::RequestHeadTimeout, 408, None),
             (ApiError::Unauthorized, 401, None),
             (ApiError::UnknownModel("gpt".into()), 404, Some("model")),
             (ApiError::PayloadTooLarge { limit: 10 }, 413, None),

@@ -758,7 +758,7 @@ fn stats() -> Value {
                     "startup": { "type": "object", "nullable": true, "description": "The start-up table: delegation prior, the workload prior (prompt and output tokens) and the tokens a row feeds per model under it, and (N, thresholds, predicted tok/s) rows." },
                     "last_replan": { "type": "object", "nullable": true, "description": "The last switch: N, from, to, predictions, measured routing and tokens per row." },
                     "last_window": { "type": "object", "nullable": true, "description": "The last trusted window: N, the thresholds in force and their predicted tok/s, the best thresholds and theirs, and the tokens a row fed per model." },
-                    "pending": { "type": "object", "nullable": true, "description": "Better thresholds the last windows agreed on (`to`, `windows`), waiting for `scheduler.replan.confirmations` in a row." },
+                    "pending": { "type": "object", "nullable": true, "description": "Better thresholds the last windows agreed on at N = `active` (`to`, `windows`), waiting for `scheduler.replan.confirmations` in a row." },
                     "planned": { "type": "object", "description": "Thresholds planned per N." },
                 },
             },

@@ -1,6 +1,7 @@
 //! OpenAI's envelope for the requests actix refuses before any handler runs: a request
 //! line or header it cannot parse (a URL over 64 KiB, a control byte in a header value
-//! such as `Authorization`: 400) or a request head over 128 KiB (431). actix-http writes
+//! such as `Authorization`: 400), a request head over 128 KiB (431) or a connection's
+//! first request not whole within `Limits::idle_connection` (408). actix-http writes
 //! those as bare statuses from inside its connection dispatcher, which has no hook for
 //! their body, so a connection's writes pass through [`EnvelopedParseErrors`], which
 //! swaps such a response, on its way out, for the same status with the envelope.
@@ -19,9 +20,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::error::ApiError;
 
 /// What actix-http writes for a head it could not parse, and what that means.
-static BARE_RESPONSES: [(&[u8], ApiError); 2] = [
+static BARE_RESPONSES: [(&[u8], ApiError); 3] = [
     (b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n", ApiError::MalformedRequest),
     (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n", ApiError::RequestHeadTooLarge),
+    (b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n", ApiError::RequestHeadTimeout),
 ];
 
 /// A connection whose bare parse-error responses go out in OpenAI's envelope.

@@ -193,8 +193,11 @@ fn http_service<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
+    let idle_connection = state.limits.idle_connection;
     let app = build_app(state).into_factory().map_err(|e| e.error_response());
     HttpService::build()
+        .keep_alive(idle_connection)
+        .client_request_timeout(idle_connection)
         // At a graceful stop, idle keep-alive connections close at once and busy ones
         // after their current response (a stream included), so the stop waits for
         // work in flight, not for clients that keep a connection open.

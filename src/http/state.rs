@@ -33,6 +33,12 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// HTTP worker threads; actix's default (one per physical core) when `None`.
     pub workers: Option<usize>,
+    /// How long a connection may wait for its next request, its first included (then a
+    /// kept-alive connection closes, and a first request not yet whole gets 408). Longer
+    /// than client pools keep idle connections (hyper 90 s, aiohttp 15 s, httpx 5 s) and
+    /// than load balancers' idle limits (60 s is common), so the client side closes first:
+    /// otherwise a request sent just as the server gives up on the connection fails.
+    pub idle_connection: Duration,
     /// Bounds on the request fields whose size the client chooses.
     pub request: RequestLimits,
     /// Bounds on the responses kept for `previous_response_id` (`server.responses`).
@@ -99,6 +105,7 @@ impl Default for Limits {
             keep_alive_interval: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             workers: None,
+            idle_connection: Duration::from_secs(120),
             request: RequestLimits::default(),
             responses: StoreLimits::default(),
         }

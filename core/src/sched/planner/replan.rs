@@ -94,9 +94,10 @@ pub struct WindowEstimate {
     pub tokens_per_row: Vec<f64>,
 }
 
-/// A switch the last windows called for, not yet made.
+/// A switch the last windows called for at N = `active`, not yet made.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PendingSwitch {
+    pub active: usize,
     pub to: Vec<usize>,
     pub windows: u32,
 }
@@ -116,13 +117,6 @@ pub struct PlannerStatus {
     pub planned: BTreeMap<usize, Vec<usize>>,
 }
 
-#[derive(Debug, Clone)]
-struct Pending {
-    active: usize,
-    to: Vec<usize>,
-    windows: u32,
-}
-
 /// Owns the thresholds the engine runs with and what it learned per N.
 #[derive(Debug, Clone)]
 pub struct Replanner {
@@ -138,7 +132,7 @@ pub struct Replanner {
     last_window: Option<WindowEstimate>,
     /// The better thresholds the last windows predicted a gain at N = `active`, and how
     /// many windows did.
-    pending: Option<Pending>,
+    pending: Option<PendingSwitch>,
 }
 
 impl Replanner {
@@ -185,7 +179,7 @@ impl Replanner {
             startup: self.startup.clone(),
             last_replan: self.last.clone(),
             last_window: self.last_window.clone(),
-            pending: self.pending.as_ref().map(|p| PendingSwitch { to: p.to.clone(), windows: p.windows }),
+            pending: self.pending.clone(),
             planned: self.planned.clone(),
         }
     }
@@ -285,7 +279,7 @@ impl Replanner {
             self.pending = None;
             return true;
         }
-        self.pending = Some(Pending { active, to: thresholds.to_vec(), windows });
+        self.pending = Some(PendingSwitch { active, to: thresholds.to_vec(), windows });
         false
     }
 
