@@ -2,7 +2,9 @@
 //! candle and the llama.cpp backend: an edit of code the prompt quotes comes out the
 //! same with and without drafts (greedy and seeded sampling), `speculative: ngram` and
 //! a `prediction` keep drafted tokens, usage reports them as OpenAI does, and the trace
-//! marks them. Without the asset these skip and say so (they fail under
+//! marks them. On llama.cpp, whose kernels are not batch-invariant, a drafted run may
+//! leave the plain one only where the plain run's top two choices were a near-tie.
+//! Without the asset these skip and say so (they fail under
 //! TOKENROUTER_REQUIRE_ASSETS=1, as in CI).
 
 use std::path::Path;
@@ -80,6 +82,40 @@ fn drafted_marks(response: &Value) -> usize {
     marks.iter().filter(|m| m.as_bool() == Some(true)).count()
 }
 
+/// Where a drafted run's text leaves the plain run's, the plain run's top two choices at
+/// that token were this close (logprob nats) or closer: llama.cpp's kernels are not
+/// batch-invariant (a verify step's logits stay within 2e-2 of one-by-one decoding,
+/// core/tests/llamacpp.rs), so a near-tie may fall either way. Candle's are, and its
+/// outputs must match exactly.
+const LLAMACPP_NEAR_TIE: f64 = 0.25;
+
+/// `got` equals `want` on candle; on llama.cpp it may leave it only at a near-tie of
+/// `plain` (which asked for `top_logprobs: 2`).
+fn assert_same_output(backend: &str, what: &str, got: &str, want: &str, plain: &Value) {
+    if backend == "candle" || got == want {
+        assert_eq!(got, want, "{backend}: {what}");
+        return;
+    }
+    let diverges_at = got.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();
+    let tokens = plain["choices"][0]["logprobs"]["content"].as_array().expect("the plain run's logprobs");
+    let mut end = 0;
+    let token = tokens
+        .iter()
+        .find(|t| {
+            end += t["bytes"].as_array().map_or(0, Vec::len);
+            end > diverges_at
+        })
+        .unwrap_or_else(|| panic!("{backend}: {what}: no token at byte {diverges_at}"));
+    let top = token["top_logprobs"].as_array().unwrap();
+    let margin = top[0]["logprob"].as_f64().unwrap() - top[1]["logprob"].as_f64().unwrap();
+    assert!(
+        margin <= LLAMACPP_NEAR_TIE,
+        "{backend}: {what} leaves the plain output at byte {diverges_at} ({token}), where its top two choices \
+         were {margin:.3} apart:\n got: {got:?}\nwant: {want:?}"
+    );
+    eprintln!("{backend}: {what} leaves the plain output at byte {diverges_at}, a near-tie ({margin:.3} nats)");
+}
+
 #[test]
 fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
     let Some(gguf) = tokenrouter::core::assets::smollm2_gguf() else { return };
@@ -90,7 +126,7 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
             continue;
         }
         let server = serve(&gguf, backend, dir.path());
-        let plain = chat(&server.url, json!({}));
+        let plain = chat(&server.url, json!({ "logprobs": true, "top_logprobs": 2 }));
         let want = text(&plain).to_string();
         eprintln!("{backend}: {want:?}");
         assert!(want.contains("compute_total"), "{want}");
@@ -98,14 +134,14 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
         assert!(plain["choices"][0].get("routing_drafted").is_none(), "no draft marks without speculation");
 
         let ngram = chat(&server.url, json!({ "speculative": { "method": "ngram", "max_tokens": 8 } }));
-        assert_eq!(text(&ngram), want, "{backend}: ngram drafts");
+        assert_same_output(backend, "ngram drafts", text(&ngram), &want, &plain);
         let usage = &ngram["usage"];
         let accepted = usage["speculation"]["accepted_tokens"].as_u64().unwrap();
         assert!(accepted >= 10, "{backend}: quoting the prompt keeps drafts: {usage}");
         assert_eq!(drafted_marks(&ngram), accepted as usize, "{backend}: the trace marks each kept draft token");
 
         let suffix = chat(&server.url, json!({ "speculative": { "method": "suffix" } }));
-        assert_eq!(text(&suffix), want, "{backend}: suffix drafts");
+        assert_same_output(backend, "suffix drafts", text(&suffix), &want, &plain);
         let usage = &suffix["usage"]["speculation"];
         assert!(usage["accepted_tokens"].as_u64().unwrap() >= 10, "{backend}: suffix drafts are kept: {usage}");
 
@@ -116,11 +152,8 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
             &json!({ "input": EDIT, "temperature": 0, "max_output_tokens": 90, "store": false,
                      "speculative": { "method": "suffix" } }),
         );
-        assert_eq!(
-            responses["output"][0]["content"][0]["text"].as_str(),
-            Some(want.as_str()),
-            "{backend}: {responses}"
-        );
+        let responses_text = responses["output"][0]["content"][0]["text"].as_str().unwrap_or_default();
+        assert_same_output(backend, "Responses with suffix drafts", responses_text, &want, &plain);
         let usage = &responses["usage"]["speculation"];
         assert!(usage["accepted_tokens"].as_u64().unwrap() >= 10, "{backend}: Responses: {usage}");
         let messages = post_to(
@@ -129,36 +162,42 @@ fn drafts_change_nothing_of_the_output_on_both_backends_and_are_reported() {
             &json!({ "model": "smollm2", "messages": [{ "role": "user", "content": EDIT }], "temperature": 0,
                      "max_tokens": 90, "speculative": { "method": "suffix" } }),
         );
-        assert_eq!(messages["content"][0]["text"].as_str(), Some(want.as_str()), "{backend}: {messages}");
+        let messages_text = messages["content"][0]["text"].as_str().unwrap_or_default();
+        assert_same_output(backend, "Messages with suffix drafts", messages_text, &want, &plain);
         let usage = &messages["usage"]["speculation"];
         assert!(usage["accepted_tokens"].as_u64().unwrap() >= 10, "{backend}: Messages: {usage}");
 
         let predicted = chat(&server.url, json!({ "prediction": { "type": "content", "content": want } }));
-        assert_eq!(text(&predicted), want, "{backend}: a right prediction");
+        assert_same_output(backend, "a right prediction", text(&predicted), &want, &plain);
         let details = &predicted["usage"]["completion_tokens_details"];
         let completion = predicted["usage"]["completion_tokens"].as_u64().unwrap();
         let kept = details["accepted_prediction_tokens"].as_u64().unwrap();
-        assert_eq!(details["rejected_prediction_tokens"], 0, "{backend}: {details}");
+        // Only past a llama.cpp near-tie (above) does a right prediction stop being right.
+        if text(&predicted) == want {
+            assert_eq!(details["rejected_prediction_tokens"], 0, "{backend}: {details}");
+        }
         assert!(kept * 10 >= completion * 7, "{backend}: a right prediction is kept: {details} of {completion}");
 
         // A grammar: the output is the constrained one with or without drafts, a right
         // prediction is kept, and a prediction the grammar forbids is never drafted.
-        let json_only = json!({ "response_format": { "type": "json_object" }, "max_tokens": 40 });
-        let want_json = text(&chat(&server.url, json_only.clone())).to_string();
+        let json_only = json!({ "response_format": { "type": "json_object" }, "max_tokens": 40,
+                                "logprobs": true, "top_logprobs": 2 });
+        let plain_json = chat(&server.url, json_only.clone());
+        let want_json = text(&plain_json).to_string();
         let mut right = json_only.clone();
         right["prediction"] = json!({ "type": "content", "content": want_json });
         let right = chat(&server.url, right);
-        assert_eq!(text(&right), want_json, "{backend}: a grammar and a right prediction");
+        assert_same_output(backend, "a grammar and a right prediction", text(&right), &want_json, &plain_json);
         let details = &right["usage"]["completion_tokens_details"];
         assert!(details["accepted_prediction_tokens"].as_u64().unwrap() >= 10, "{backend}: {details}");
         let mut forbidden = json_only.clone();
         forbidden["prediction"] = json!({ "type": "content", "content": "Sure" });
         let forbidden = chat(&server.url, forbidden);
-        assert_eq!(text(&forbidden), want_json, "{backend}: a grammar and a wrong prediction");
+        assert_same_output(backend, "a grammar and a wrong prediction", text(&forbidden), &want_json, &plain_json);
         assert_eq!(forbidden["usage"]["speculation"]["drafted_tokens"], 0, "{backend}: the grammar cuts every guess");
 
         let wrong = chat(&server.url, json!({ "prediction": { "type": "content", "content": "SELECT * FROM t;" } }));
-        assert_eq!(text(&wrong), want, "{backend}: a wrong prediction");
+        assert_same_output(backend, "a wrong prediction", text(&wrong), &want, &plain);
 
         // llama.cpp sums a many-token step in another order than a one-token step, so a
         // verify step's logits differ from plain decoding's by float noise, which may tip

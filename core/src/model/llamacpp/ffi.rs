@@ -55,6 +55,13 @@ impl Model {
         let ptr = unsafe {
             let mut params = sys::llama_model_default_params();
             params.n_gpu_layers = 0;
+            // No extra weight buffers: on CPUs with AMX (Intel Sapphire Rapids on), a
+            // native build puts weights in ggml's AMX buffer, whose matmul crashed with
+            // SIGSEGV on a 2-vCPU VM (docs/backends.md).
+            // The plain CPU path serves every type. What this gives up: ggml's repacked
+            // layouts for Q4_0, Q4_K, IQ4_NL (and Q8_0 on some CPUs), faster on those
+            // types; the f32 and Q4_1 models the benchmarks serve never had them.
+            params.use_extra_bufts = false;
             sys::llama_model_load_from_file(c_path.as_ptr(), params)
         };
         NonNull::new(ptr)
