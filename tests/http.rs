@@ -529,14 +529,7 @@ async fn decoding_ids_does_not_hold_up_the_http_worker() {
 /// One HTTP/1.1 exchange, written raw on a fresh connection (reqwest refuses to send
 /// malformed requests): the status and the body.
 fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    // The server may answer and close before it has read everything.
-    let _ = stream.write_all(request);
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    let text = String::from_utf8_lossy(&response).into_owned();
+    let (text, _) = raw_after_idle(addr, Duration::ZERO, request);
     let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     (status, text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
 }
@@ -587,6 +580,7 @@ fn raw_after_idle(addr: std::net::SocketAddr, wait: Duration, request: &[u8]) ->
     let opened = std::time::Instant::now();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     std::thread::sleep(wait);
+    // The server may answer and close before it has read everything.
     let _ = stream.write_all(request);
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response);
