@@ -5,20 +5,24 @@
 //! rayon pool. Here the input rows are quantized once per call to 8-bit blocks (a scale
 //! per 32 values, plus the block's sum for Q4_1's offset term), weight blocks are dotted
 //! against them with integer SIMD, each decoded weight block is used for up to
-//! [`R_MAX`] input rows while it sits in registers, and the work is split over the
+//! [`R_MAX`] input rows while it sits in registers ([`TILE_ROWS`] with AVX-512 VNNI, in
+//! `qmatmul_avx512.rs`), and the work is split over the
 //! current rayon pool, so a model's own pool runs its matmuls: by weight rows at a few
 //! input rows (decode), by runs of input rows at many (a prompt), where each task's
 //! activations stay in cache and its outputs land in place.
 //!
 //! Error against the f32 product comes from quantizing the activations to 8 bits, as in
-//! ggml; the AVX2 and scalar paths compute the same integer sums and differ only in the
-//! order of f32 additions.
+//! ggml; the SIMD and scalar paths compute the same integer sums and differ only in the
+//! order of f32 additions. The SIMD paths (AVX2, AVX-VNNI, AVX-512 VNNI) add in the same
+//! order, so a row's result is bit for bit the same on any of them and in any batch.
 
 use candle_core::quantized::GgmlDType;
 use half::f16;
 use rayon::prelude::*;
 
 use super::error::{ModelError, Result};
+#[cfg(target_arch = "x86_64")]
+use super::simd::KernelPath;
 
 /// Values per block, for both weight formats and the quantized activations.
 const QK: usize = 32;
@@ -26,7 +30,13 @@ const QK: usize = 32;
 const R_MAX: usize = 4;
 /// Weight rows per micro-kernel at several input rows.
 const C_MAX: usize = 2;
-/// Input rows per pass over the weights (a multiple of [`R_MAX`]): 64 rows of 8-bit
+/// Input rows a tile may hold: the AVX-512 kernel takes two groups of [`R_MAX`] at
+/// once (its 32 registers hold twice the accumulators, and each decoded weight block
+/// then serves twice the rows).
+const TILE_ROWS: usize = 2 * R_MAX;
+/// One tile's outputs, `[input row][weight row]`.
+type Tile = [[f32; C_MAX]; TILE_ROWS];
+/// Input rows per pass over the weights (a multiple of [`TILE_ROWS`]): 64 rows of 8-bit
 /// activations at the widest matrix (1,536 or more columns) still sit in L2.
 const ROW_CHUNK: usize = 16;
 /// Weight rows the batch-1 kernel streams side by side (independent chains to hide the
@@ -69,16 +79,44 @@ enum Kernel {
     /// AVX2 with AVX-VNNI's byte dot product (`vpdpbusd`) in the batch-1 path.
     #[cfg(target_arch = "x86_64")]
     AvxVnni,
+    /// AVX-512 VNNI in the tiled path (two weight rows per register); the batch-1 path
+    /// is AVX-VNNI's where the CPU has it (`avx_vnni`), else AVX2's.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni {
+        avx_vnni: bool,
+    },
 }
 
 impl Kernel {
+    /// Input rows per tile: a multiple of [`R_MAX`], at most [`TILE_ROWS`].
+    fn tile_rows(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni { .. } => TILE_ROWS,
+            _ => R_MAX,
+        }
+    }
+
+    /// The widest kernel the CPU runs within the process's [`KernelPath`]
+    /// (`TOKENROUTER_KERNEL=avx2` keeps AVX-512 out, `portable` takes the scalar one).
     fn best() -> Kernel {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-            return match is_x86_feature_detected!("avxvnni") {
-                true => Kernel::AvxVnni,
-                false => Kernel::Avx2,
-            };
+        {
+            let path = KernelPath::active();
+            let avx2 =
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            if path != KernelPath::Portable && avx2 {
+                let avx_vnni = is_x86_feature_detected!("avxvnni");
+                let avx512_vnni = path == KernelPath::Avx512
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni");
+                return match (avx512_vnni, avx_vnni) {
+                    (true, _) => Kernel::Avx512Vnni { avx_vnni },
+                    (false, true) => Kernel::AvxVnni,
+                    (false, false) => Kernel::Avx2,
+                };
+            }
         }
         Kernel::Scalar
     }
@@ -117,7 +155,9 @@ impl QuantizedRows {
                 Kernel::Scalar => quantize_block(values, qs),
                 // SAFETY: both are only chosen after detecting AVX2 and FMA.
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 | Kernel::AvxVnni => unsafe { avx2::quantize_block(values, qs) },
+                Kernel::Avx2 | Kernel::AvxVnni | Kernel::Avx512Vnni { .. } => unsafe {
+                    avx2::quantize_block(values, qs)
+                },
             };
             // Kept at f16 precision, as ggml stores them.
             *d = f16::from_f32(scale).to_f32();
@@ -236,7 +276,8 @@ fn by_input_rows(
     threads: usize,
 ) -> Vec<f32> {
     // At least two tasks per thread, in whole tiles, at most ROW_CHUNK rows each.
-    let rows_per_task = m.div_ceil(threads * 2).div_ceil(R_MAX).clamp(1, ROW_CHUNK / R_MAX) * R_MAX;
+    let tile_rows = kernel.tile_rows();
+    let rows_per_task = m.div_ceil(threads * 2).div_ceil(tile_rows).clamp(1, ROW_CHUNK / tile_rows) * tile_rows;
     let mut y = vec![0f32; m * n];
     let task = |(task, out): (usize, &mut [f32])| {
         let first = task * rows_per_task;
@@ -267,8 +308,8 @@ fn input_rows(
         let ws = &w[j * row_bytes..(j + c) * row_bytes];
         let mut i = rows.start;
         while i < rows.end {
-            let r = R_MAX.min(rows.end - i);
-            let mut tile = [[0f32; C_MAX]; R_MAX];
+            let r = kernel.tile_rows().min(rows.end - i);
+            let mut tile = [[0f32; C_MAX]; TILE_ROWS];
             run_tile(kernel, format, ws, row_bytes, xq, i, r, &mut tile);
             for (a, tile_row) in tile.iter().enumerate().take(r) {
                 let at = (i - rows.start + a) * n + j;
@@ -291,13 +332,16 @@ fn run_tile(
     xq: &QuantizedRows,
     i: usize,
     r: usize,
-    tile: &mut [[f32; C_MAX]; R_MAX],
+    tile: &mut Tile,
 ) {
     match kernel {
         Kernel::Scalar => scalar_tile(format, ws, row_bytes, xq, i, r, tile),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: both are only chosen after detecting AVX2, FMA and F16C.
         Kernel::Avx2 | Kernel::AvxVnni => unsafe { avx2::tile(format, ws, row_bytes, xq, i, r, tile) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only chosen after detecting AVX-512 F, BW and VNNI beside AVX2, FMA and F16C.
+        Kernel::Avx512Vnni { .. } => unsafe { avx512::tile(format, ws, row_bytes, xq, i, r, tile) },
     }
 }
 
@@ -317,7 +361,9 @@ fn weight_rows(
         // `AvxVnni` after detecting AVX-VNNI.
         unsafe {
             match kernel {
-                Kernel::AvxVnni => avx2::gemv_vnni(format, w, row_bytes, xq, out),
+                Kernel::AvxVnni | Kernel::Avx512Vnni { avx_vnni: true } => {
+                    avx2::gemv_vnni(format, w, row_bytes, xq, out)
+                }
                 _ => avx2::gemv_avx2(format, w, row_bytes, xq, out),
             }
         }
@@ -335,8 +381,8 @@ fn weight_rows(
             let ws = &w[j * row_bytes..(j + c) * row_bytes];
             let mut i = chunk;
             while i < chunk_end {
-                let r = R_MAX.min(chunk_end - i);
-                let mut tile = [[0f32; C_MAX]; R_MAX];
+                let r = kernel.tile_rows().min(chunk_end - i);
+                let mut tile = [[0f32; C_MAX]; TILE_ROWS];
                 run_tile(kernel, format, ws, row_bytes, xq, i, r, &mut tile);
                 for (b, w_row) in out[j * m..(j + c) * m].chunks_exact_mut(m).enumerate() {
                     for a in 0..r {
@@ -351,15 +397,7 @@ fn weight_rows(
 }
 
 /// The portable reference: one dot product per (input row, weight row).
-fn scalar_tile(
-    format: Format,
-    ws: &[u8],
-    row_bytes: usize,
-    xq: &QuantizedRows,
-    i: usize,
-    r: usize,
-    tile: &mut [[f32; C_MAX]; R_MAX],
-) {
+fn scalar_tile(format: Format, ws: &[u8], row_bytes: usize, xq: &QuantizedRows, i: usize, r: usize, tile: &mut Tile) {
     for (b, w_row) in ws.chunks_exact(row_bytes).enumerate() {
         for (a, slot) in tile.iter_mut().enumerate().take(r) {
             slot[b] = scalar_dot(format, w_row, xq, i + a);
@@ -418,7 +456,7 @@ fn f16_at(block: &[u8], at: usize) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Format, QuantizedRows, C_MAX, QK, ROW_GROUP, R_MAX};
+    use super::{Format, QuantizedRows, Tile, QK, ROW_GROUP, R_MAX};
 
     /// How far ahead of the block being read the weights are prefetched.
     const PREFETCH_BYTES: usize = 4096;
@@ -426,7 +464,7 @@ mod avx2 {
     /// Dispatches an `r × c` tile to the micro-kernel compiled for that shape.
     ///
     /// # Safety
-    /// The CPU must support AVX2, FMA and F16C; `i` is a multiple of [`R_MAX`].
+    /// The CPU must support AVX2, FMA and F16C; `i` is a multiple of [`R_MAX`], `r` at most it.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tile(
         format: Format,
@@ -435,7 +473,7 @@ mod avx2 {
         xq: &QuantizedRows,
         i: usize,
         r: usize,
-        out: &mut [[f32; C_MAX]; R_MAX],
+        out: &mut Tile,
     ) {
         let c = ws.len() / row_bytes;
         macro_rules! dispatch {
@@ -467,12 +505,12 @@ mod avx2 {
         row_bytes: usize,
         xq: &QuantizedRows,
         i: usize,
-        out: &mut [[f32; C_MAX]; R_MAX],
+        out: &mut Tile,
     ) {
         let block_bytes = if Q4 { 4 + QK / 2 } else { 2 + QK };
         let blocks = row_bytes / block_bytes;
         assert!(ws.len() >= C * row_bytes && i.is_multiple_of(R_MAX) && i + R <= xq.qs.len() / xq.cols);
-        let (x_d, x_s) = xq.group_scales(i);
+        let (x_d, _) = xq.group_scales(i);
         let w_base = ws.as_ptr();
         let x_base = xq.qs.as_ptr().add(i * xq.cols);
         let nibbles = _mm_set1_epi8(0x0F);
@@ -521,24 +559,46 @@ mod avx2 {
         }
         // Q4_1's offset term, Σ m · s over the blocks, in a pass of its own: inside the
         // loop above its running sums did not fit in registers beside the tile's.
-        let mut offsets = [_mm_setzero_ps(); C];
-        if Q4 {
-            for blk in 0..blocks {
-                let x_sum = _mm_loadu_ps(x_s.as_ptr().add(blk * R_MAX));
-                for (b, offset) in offsets.iter_mut().enumerate() {
-                    let block = w_base.add(b * row_bytes + blk * block_bytes);
-                    let m = _mm_cvtph_ps(_mm_set1_epi16((block.add(2) as *const i16).read_unaligned()));
-                    *offset = _mm_add_ps(*offset, _mm_mul_ps(m, x_sum));
-                }
-            }
-        }
+        let offsets = if Q4 { q4_offsets::<C>(ws, row_bytes, xq, i, blocks) } else { [[0.0; R_MAX]; C] };
         for b in 0..C {
-            let mut offset = [0f32; R_MAX];
-            _mm_storeu_ps(offset.as_mut_ptr(), offsets[b]);
             for a in 0..R {
-                out[a][b] = horizontal_sum(acc[a][b]) + offset[a];
+                out[a][b] = horizontal_sum(acc[a][b]) + offsets[b][a];
             }
         }
+    }
+
+    /// Q4_1's offset term `Σ m · s` over the blocks of the first `C` weight rows of `ws`,
+    /// for the [`R_MAX`] input rows from row `i` (`[weight row][input row]`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; `ws` holds `C` rows of `blocks` Q4_1 blocks.
+    #[inline(always)]
+    pub(super) unsafe fn q4_offsets<const C: usize>(
+        ws: &[u8],
+        row_bytes: usize,
+        xq: &QuantizedRows,
+        i: usize,
+        blocks: usize,
+    ) -> [[f32; R_MAX]; C] {
+        let block_bytes = 4 + QK / 2;
+        assert!(ws.len() >= C * row_bytes && row_bytes >= blocks * block_bytes);
+        let (_, x_s) = xq.group_scales(i);
+        let mut offsets = [_mm_setzero_ps(); C];
+        for blk in 0..blocks {
+            // SAFETY: the group's sums hold `blocks` blocks of R_MAX rows; the weight rows
+            // hold `blocks` blocks (asserted above).
+            let x_sum = _mm_loadu_ps(x_s.as_ptr().add(blk * R_MAX));
+            for (b, offset) in offsets.iter_mut().enumerate() {
+                let block = ws.as_ptr().add(b * row_bytes + blk * block_bytes);
+                let m = _mm_cvtph_ps(_mm_set1_epi16((block.add(2) as *const i16).read_unaligned()));
+                *offset = _mm_add_ps(*offset, _mm_mul_ps(m, x_sum));
+            }
+        }
+        std::array::from_fn(|b| {
+            let mut sums = [0f32; R_MAX];
+            _mm_storeu_ps(sums.as_mut_ptr(), offsets[b]);
+            sums
+        })
     }
 
     /// Batch 1 with AVX2's byte multiply-adds.
@@ -676,13 +736,17 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn horizontal_sum(v: __m256) -> f32 {
+    pub(super) unsafe fn horizontal_sum(v: __m256) -> f32 {
         let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
         let one = _mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair));
         _mm_cvtss_f32(one)
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[path = "qmatmul_avx512.rs"]
+mod avx512;
 
 #[cfg(test)]
 #[path = "qmatmul_tests.rs"]

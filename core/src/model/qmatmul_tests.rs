@@ -72,8 +72,15 @@ fn kernels() -> Vec<Kernel> {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
         all.push(Kernel::Avx2);
-        if is_x86_feature_detected!("avxvnni") {
+        let avx_vnni = is_x86_feature_detected!("avxvnni");
+        if avx_vnni {
             all.push(Kernel::AvxVnni);
+        }
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+        {
+            all.push(Kernel::Avx512Vnni { avx_vnni });
         }
     }
     all
@@ -82,17 +89,24 @@ fn kernels() -> Vec<Kernel> {
 #[test]
 fn every_kernel_matches_the_plain_dot_product_at_odd_shapes() {
     // 1..40 weight rows cover whole groups of the batch-1 kernel and every tail;
-    // batches 1-3 take the batch-1 kernel and the tiled one.
+    // batches 1-3 take the batch-1 kernel and the tiled one, 11 a tile of two groups
+    // (the AVX-512 kernel's) and a ragged one.
     for format in [Format::Q4_1, Format::Q8_0] {
         for n in 1..=40 {
-            for &(m, k) in &[(1, 32), (1, 96), (2, 64), (3, 160)] {
+            for &(m, k) in &[(1, 32), (1, 96), (2, 64), (3, 160), (11, 64)] {
                 let seed = (n * 100 + m * 10 + k) as u64;
                 let (w, w_dense) = quantized(format, n, k, seed);
                 let x = values(m * k, seed + 1);
                 let exact = dense_product(&x, &w_dense, m, k, n);
                 let reference = matmul_with(Kernel::Scalar, format, &w, n, k, &x, m).unwrap();
+                let mut first_simd: Option<Vec<f32>> = None;
                 for kernel in kernels() {
                     let got = matmul_with(kernel, format, &w, n, k, &x, m).unwrap();
+                    if kernel != Kernel::Scalar {
+                        // The SIMD kernels add in one order: equal bit for bit.
+                        let first = first_simd.get_or_insert_with(|| got.clone());
+                        assert_eq!(&got, first, "{kernel:?} {format:?} {m}x{k}x{n}: vs the first SIMD kernel");
+                    }
                     let e = relative_error(&got, &reference);
                     assert!(e < 1e-5, "{kernel:?} {format:?} {m}x{k}x{n}: vs scalar {e}");
                     let e = relative_error(&got, &exact);
