@@ -459,7 +459,7 @@ mod avx2 {
     use super::{Format, QuantizedRows, Tile, QK, ROW_GROUP, R_MAX};
 
     /// How far ahead of the block being read the weights are prefetched.
-    const PREFETCH_BYTES: usize = 4096;
+    pub(super) const PREFETCH_BYTES: usize = 4096;
 
     /// Dispatches an `r × c` tile to the micro-kernel compiled for that shape.
     ///

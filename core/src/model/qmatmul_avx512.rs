@@ -10,11 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{horizontal_sum, q4_offsets};
+use super::avx2::{horizontal_sum, q4_offsets, PREFETCH_BYTES};
 use super::{Format, QuantizedRows, Tile, C_MAX, QK, R_MAX, TILE_ROWS};
-
-/// How far ahead of the block being read the weights are prefetched.
-const PREFETCH_BYTES: usize = 4096;
 
 /// An `r × c` tile: pairs of weight rows take the 512-bit kernel, a single one the AVX2
 /// one (in groups of [`R_MAX`] input rows).
