@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use flume::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use tokenrouter_core::model::{load_backend, profile, Backend, StepCostSource};
+use tokenrouter_core::policy::ModelIndex;
 use tokenrouter_core::sched::planner::LatencyTable;
 use tokenrouter_core::sched::{
     Arrival, BatchingRule, Checkpoint, FaultPoint, RequestEvent, RequestId, StepOutcome, Subserver, SubserverConfig,
@@ -344,18 +345,28 @@ impl ComputeLoop {
             }
         }
         let outcome = self.sub.step();
-        let handed_over = !outcome.handoffs.is_empty();
+        let grace = self.hand_over_grace(&outcome.handoffs);
         // Handoffs go out before the turn does, so that a peer waiting for the turn
         // finds them in its inbox when it gets it.
         self.dispatch(outcome);
         if let (Some(guard), Some(turn)) = (guard, turn.as_deref()) {
             // Fair hand-over: a waiting model gets the next turn.
             parking_lot::MutexGuard::unlock_fair(guard);
-            if handed_over {
-                let_peer_take_the_turn(turn);
+            if grace.is_some_and(|grace| !let_peer_take_the_turn(turn, grace)) {
+                // No peer came for the turn in time: rows a peer sends straight back
+                // will miss this model's next step.
+                metrics::counter!("tokenrouter_turn_handover_missed_total", "model" => self.links.name.clone())
+                    .increment(1);
             }
         }
         true
+    }
+
+    /// How long to leave the turn to the peers this step handed rows to.
+    fn hand_over_grace(&self, handoffs: &[(ModelIndex, Arrival)]) -> Option<Duration> {
+        let thresholds = self.rule.effective(self.active.max(1));
+        let steps_again = self.sub.should_launch(Instant::now());
+        hand_over_grace(handoffs.iter().map(|(to, _)| *to), &self.links.shares_turn, &thresholds, steps_again)
     }
 
     /// After a panic: take out what it interrupted, have the owners of those requests
@@ -584,17 +595,79 @@ impl ComputeLoop {
 /// to that peer: long enough for the peer's thread to wake and queue for it.
 const PEER_TURN_GRACE: Duration = Duration::from_micros(200);
 
-/// After a step that handed rows to peers, waits (at most [`PEER_TURN_GRACE`]) until one
+/// The same, for a peer that will step once it runs (it shares the turn and now holds
+/// its threshold of rows). On two cores its thread can wait for a core longer than
+/// [`PEER_TURN_GRACE`] (this model's pool threads spin a while after a step): with
+/// R-Stitch at N = 16 on the smollm2 pair, 156 of ~1,000 large-model steps gave the turn
+/// up in vain, and the rows the small model sent straight back missed the next step.
+const PEER_TURN_LONG_GRACE: Duration = Duration::from_millis(2);
+
+/// After a step that handed rows to peers, waits (at most `grace`) until one
 /// of them holds the turn. Without it this model's thread, already running, would take
 /// the turn back before the peer woke: each row a peer sends straight back (R-Stitch's
 /// small model, unsure, returns it at once) then missed the next step here, and a step
 /// at N = 4 ran 2.6 rows on average instead of 4. The planner's chain assumes what
 /// this gives: a model that waited takes the next turn.
-fn let_peer_take_the_turn(turn: &parking_lot::Mutex<()>) {
+/// How long a model that handed rows to `peers` (one entry a row) leaves them the turn;
+/// `None` when it handed none. The wait matters when this model would step again at
+/// once (`steps_again`) without the rows a peer sends straight back. A peer that shares
+/// the turn (`shares_turn`) and now holds at least its threshold of rows steps as soon
+/// as its thread runs, so it then gets [`PEER_TURN_LONG_GRACE`]; otherwise the peer may
+/// not step at all, and [`PEER_TURN_GRACE`] bounds the wait.
+fn hand_over_grace(
+    peers: impl Iterator<Item = ModelIndex>,
+    shares_turn: &[bool],
+    thresholds: &[usize],
+    steps_again: bool,
+) -> Option<Duration> {
+    let mut rows = vec![0usize; shares_turn.len().max(thresholds.len())];
+    let mut any = false;
+    for peer in peers {
+        any = true;
+        if let Some(count) = rows.get_mut(peer) {
+            *count += 1;
+        }
+    }
+    let will_step = |(peer, &count): (usize, &usize)| {
+        count > 0 && shares_turn.get(peer) == Some(&true) && thresholds.get(peer).is_some_and(|&t| count >= t)
+    };
+    match (any, steps_again && rows.iter().enumerate().any(will_step)) {
+        (false, _) => None,
+        (true, true) => Some(PEER_TURN_LONG_GRACE),
+        (true, false) => Some(PEER_TURN_GRACE),
+    }
+}
+
+/// True when a peer took the turn within `grace`.
+fn let_peer_take_the_turn(turn: &parking_lot::Mutex<()>, grace: Duration) -> bool {
     let start = Instant::now();
     // Sleeps, not spins: on two cores a spinning thread can hold the core the peer
     // needs to wake on.
-    while !turn.is_locked() && start.elapsed() < PEER_TURN_GRACE {
+    while !turn.is_locked() && start.elapsed() < grace {
         std::thread::sleep(Duration::from_micros(20));
+    }
+    turn.is_locked()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_will_step_gets_the_long_grace_and_others_the_short_one() {
+        let (both_share, thresholds) = ([true, true], [1, 3]);
+        let grace = |peers: &[usize], shares: &[bool], steps_again: bool| {
+            hand_over_grace(peers.iter().copied(), shares, &thresholds, steps_again)
+        };
+        assert_eq!(grace(&[], &both_share, true), None);
+        // The small model (threshold 1) gets a row back: it steps once it runs.
+        assert_eq!(grace(&[0], &both_share, true), Some(PEER_TURN_LONG_GRACE));
+        // ... but a model with nothing left to run would not take the turn back anyway.
+        assert_eq!(grace(&[0], &both_share, false), Some(PEER_TURN_GRACE));
+        // Two rows to a large model that waits for three: it may not step.
+        assert_eq!(grace(&[1, 1], &both_share, true), Some(PEER_TURN_GRACE));
+        assert_eq!(grace(&[1, 1, 1], &both_share, true), Some(PEER_TURN_LONG_GRACE));
+        // A peer on another host never takes this turn.
+        assert_eq!(grace(&[0], &[false, true], true), Some(PEER_TURN_GRACE));
     }
 }

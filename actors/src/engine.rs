@@ -561,6 +561,8 @@ async fn start_models(
         true => share_colocated_kv(&mut models, |m| front.as_ref().is_none_or(|f| f.remote_for(&m.name).is_none()))?,
         false => None,
     };
+    let is_local = |name: &str| front.as_ref().is_none_or(|f| f.remote_for(name).is_none());
+    let shares_turn: Vec<bool> = models.iter().map(|m| turn.is_some() && is_local(&m.name)).collect();
     let mut started = StartedModels {
         computes: Vec::new(),
         ready: Vec::new(),
@@ -575,6 +577,7 @@ async fn start_models(
             peers: peers.clone(),
             registry: registry.clone(),
             turn: turn.clone(),
+            shares_turn: shares_turn.clone(),
             supervision: config.supervision,
         };
         let (compute, ready, thread) = match front.as_deref_mut().filter(|f| f.remote_for(&spec.name).is_some()) {

@@ -178,5 +178,8 @@ pub(crate) struct ComputeLinks {
     pub registry: Registry,
     /// Held for the duration of a step when models take turns on shared cores.
     pub turn: Option<Arc<parking_lot::Mutex<()>>>,
+    /// By model index: whether that model takes turns on `turn` with this one (known
+    /// for an engine's local models; all false where it is not known).
+    pub shares_turn: Vec<bool>,
     pub supervision: SupervisionConfig,
 }

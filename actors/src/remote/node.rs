@@ -274,6 +274,9 @@ impl Endpoint {
             peers: Arc::new(OnceLock::from(peers)),
             registry,
             turn: self.turn.clone(),
+            // Which of the cluster's models this node hosts is not known here: its
+            // models keep the short hand-over grace.
+            shares_turn: vec![false; hello.models.len()],
             supervision: SupervisionConfig::default(),
         };
         let (compute, loaded, thread) = compute::spawn(spec, links);
