@@ -602,12 +602,6 @@ const PEER_TURN_GRACE: Duration = Duration::from_micros(200);
 /// up in vain, and the rows the small model sent straight back missed the next step.
 const PEER_TURN_LONG_GRACE: Duration = Duration::from_millis(2);
 
-/// After a step that handed rows to peers, waits (at most `grace`) until one
-/// of them holds the turn. Without it this model's thread, already running, would take
-/// the turn back before the peer woke: each row a peer sends straight back (R-Stitch's
-/// small model, unsure, returns it at once) then missed the next step here, and a step
-/// at N = 4 ran 2.6 rows on average instead of 4. The planner's chain assumes what
-/// this gives: a model that waited takes the next turn.
 /// How long a model that handed rows to `peers` (one entry a row) leaves them the turn;
 /// `None` when it handed none. The wait matters when this model would step again at
 /// once (`steps_again`) without the rows a peer sends straight back. A peer that shares
@@ -638,6 +632,12 @@ fn hand_over_grace(
     }
 }
 
+/// After a step that handed rows to peers, waits (at most `grace`) until one
+/// of them holds the turn. Without it this model's thread, already running, would take
+/// the turn back before the peer woke: each row a peer sends straight back (R-Stitch's
+/// small model, unsure, returns it at once) then missed the next step here, and a step
+/// at N = 4 ran 2.6 rows on average instead of 4. The planner's chain assumes what
+/// this gives: a model that waited takes the next turn.
 /// True when a peer took the turn within `grace`.
 fn let_peer_take_the_turn(turn: &parking_lot::Mutex<()>, grace: Duration) -> bool {
     let start = Instant::now();
