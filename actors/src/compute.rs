@@ -364,6 +364,9 @@ impl ComputeLoop {
 
     /// How long to leave the turn to the peers this step handed rows to.
     fn hand_over_grace(&self, handoffs: &[(ModelIndex, Arrival)]) -> Option<Duration> {
+        if handoffs.is_empty() {
+            return None;
+        }
         let thresholds = self.rule.effective(self.active.max(1));
         let steps_again = self.sub.should_launch(Instant::now());
         hand_over_grace(handoffs.iter().map(|(to, _)| *to), &self.links.shares_turn, &thresholds, steps_again)

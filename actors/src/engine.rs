@@ -557,11 +557,11 @@ async fn start_models(
     let peers = Arc::new(OnceLock::new());
     let turn = config.exclusive_compute.then(|| Arc::new(parking_lot::Mutex::new(())));
     let mut models = config.models.clone();
+    let is_local = |name: &str| front.as_ref().is_none_or(|f| f.remote_for(name).is_none());
     let shared_pages = match config.admission.share_kv {
-        true => share_colocated_kv(&mut models, |m| front.as_ref().is_none_or(|f| f.remote_for(&m.name).is_none()))?,
+        true => share_colocated_kv(&mut models, |m| is_local(&m.name))?,
         false => None,
     };
-    let is_local = |name: &str| front.as_ref().is_none_or(|f| f.remote_for(name).is_none());
     let shares_turn: Vec<bool> = models.iter().map(|m| turn.is_some() && is_local(&m.name)).collect();
     let mut started = StartedModels {
         computes: Vec::new(),
